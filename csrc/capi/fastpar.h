@@ -1,0 +1,144 @@
+/*
+ * fastpar.h -- the C ABI of fastpar: many prompts through one llama.cpp model at once.
+ *
+ * Conventions (as in llama.h):
+ *  - Opaque handles; every *_new / *_load has its *_free, and each free accepts NULL.
+ *  - Parameter structs are passed by value and start from *_default_params().
+ *  - Every function that can fail returns a fastpar_status; on failure the outputs are
+ *    left untouched and fastpar_last_error() returns a message for the calling thread.
+ *  - No C++ exception ever crosses this boundary.
+ *
+ * Thread safety: a model may be shared by several contexts used from several threads;
+ * concurrent generate calls on ONE context are serialised (they take turns).
+ */
+#ifndef FASTPAR_H
+#define FASTPAR_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32)
+#define FASTPAR_API __declspec(dllexport)
+#else
+#define FASTPAR_API __attribute__((visibility("default")))
+#endif
+
+typedef struct fastpar_model fastpar_model;
+typedef struct fastpar_context fastpar_context;
+
+typedef enum fastpar_status {
+    FASTPAR_OK = 0,
+    FASTPAR_ERR_INVALID_ARGUMENT = 1, /* a NULL pointer, a size or an option out of range */
+    FASTPAR_ERR_NOT_FOUND = 2,        /* the model file does not exist */
+    FASTPAR_ERR_MODEL_LOAD = 3,       /* the file is not a model llama.cpp can load */
+    FASTPAR_ERR_RUNTIME = 4,          /* llama.cpp failed (context creation, ...) */
+    FASTPAR_ERR_OUT_OF_MEMORY = 5,
+} fastpar_status;
+
+typedef enum fastpar_finish_reason {
+    FASTPAR_FINISH_STOP = 0,      /* end-of-generation token or a stop string */
+    FASTPAR_FINISH_LENGTH = 1,    /* max_tokens reached, or the sequence's context is full */
+    FASTPAR_FINISH_ERROR = 2,     /* this prompt failed; see fastpar_completion.error */
+    FASTPAR_FINISH_CANCELLED = 3, /* the call was interrupted before this prompt finished */
+} fastpar_finish_reason;
+
+/* Field meanings and defaults: see fastpar_*_default_params() (one source of truth). */
+typedef struct fastpar_model_params {
+    int32_t n_gpu_layers; /* -1 = all; > 0 needs a GPU build */
+    bool use_mmap;
+} fastpar_model_params;
+
+typedef struct fastpar_context_params {
+    int32_t n_parallel;    /* slots decoded together, 1..256 */
+    int32_t n_ctx_per_seq; /* positions one prompt plus its generation may use */
+    int32_t n_batch;       /* most tokens per llama_decode call, >= n_parallel */
+    int32_t n_threads;     /* 0 = one per hardware thread */
+    bool kv_unified;
+} fastpar_context_params;
+
+typedef struct fastpar_generate_params {
+    int32_t max_tokens;
+    float temperature; /* 0 = greedy */
+    int32_t top_k;     /* 0 = off */
+    float top_p;       /* 1 = off */
+    float min_p;       /* 0 = off */
+    float repeat_penalty;
+    float presence_penalty;
+    float frequency_penalty;
+    int32_t repeat_last_n;
+    int64_t seed;              /* -1 = random */
+    const char * const * stop; /* n_stop NUL-terminated stop strings, or NULL */
+    int32_t n_stop;
+    bool ignore_eos;
+} fastpar_generate_params;
+
+typedef struct fastpar_completion {
+    char * text;        /* NUL-terminated UTF-8, owned by the results */
+    size_t text_len;    /* bytes, without the NUL */
+    int32_t * token_ids;
+    int32_t n_gen_tokens; /* entries in token_ids */
+    int32_t n_prompt_tokens;
+    fastpar_finish_reason finish_reason;
+    char * error;       /* NULL unless finish_reason == FASTPAR_FINISH_ERROR */
+} fastpar_completion;
+
+typedef struct fastpar_stats {
+    int64_t n_prompts;
+    int64_t n_failed;
+    int64_t n_prompt_tokens;
+    int64_t n_gen_tokens;
+    double t_prompt_ms;
+    double t_gen_ms;
+    double t_wall_ms;
+    double prompt_tokens_per_s;
+    double gen_tokens_per_s;
+    double total_tokens_per_s;
+    int64_t n_decode_calls;
+    int64_t n_kv_full_retries;
+} fastpar_stats;
+
+FASTPAR_API const char * fastpar_version(void);
+/* "cpu", "cuda" or "metal": the backend this library was built for. */
+FASTPAR_API const char * fastpar_backend(void);
+/* The message of the last failed call on this thread ("" if none). Valid until the next
+ * fastpar call on this thread. */
+FASTPAR_API const char * fastpar_last_error(void);
+
+FASTPAR_API fastpar_model_params fastpar_model_default_params(void);
+FASTPAR_API fastpar_context_params fastpar_context_default_params(void);
+FASTPAR_API fastpar_generate_params fastpar_generate_default_params(void);
+
+/* Loads a GGUF model into *model_out. Returns FASTPAR_ERR_NOT_FOUND for a missing file,
+ * FASTPAR_ERR_MODEL_LOAD for a file llama.cpp cannot load. */
+FASTPAR_API fastpar_status fastpar_model_load(const char * path, fastpar_model_params params,
+                                              fastpar_model ** model_out);
+/* A model stays alive while contexts made from it exist; freeing it early is safe. */
+FASTPAR_API void fastpar_model_free(fastpar_model * model);
+
+FASTPAR_API fastpar_status fastpar_context_new(fastpar_model * model, fastpar_context_params params,
+                                               fastpar_context ** ctx_out);
+FASTPAR_API void fastpar_context_free(fastpar_context * ctx);
+
+/* Runs n_prompts NUL-terminated prompts (raw text) in one unified batch and stores an
+ * array of n_prompts completions, in input order, in *results_out (free it with
+ * fastpar_results_free). A prompt that fails gets FASTPAR_FINISH_ERROR and a message
+ * while the others complete; the call itself then still returns FASTPAR_OK. With
+ * n_prompts == 0, *results_out is set to NULL. On an error status nothing is allocated. */
+FASTPAR_API fastpar_status fastpar_generate_parallel(fastpar_context * ctx, const char * const * prompts,
+                                                     int32_t n_prompts, fastpar_generate_params params,
+                                                     fastpar_completion ** results_out);
+FASTPAR_API void fastpar_results_free(fastpar_completion * results, int32_t n_results);
+
+/* Statistics of the context's last generate call. */
+FASTPAR_API fastpar_status fastpar_context_last_stats(const fastpar_context * ctx, fastpar_stats * stats_out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FASTPAR_H */

@@ -1,0 +1,237 @@
+// The C ABI: conversion and validation only. Every exported body runs inside guard(),
+// which turns any C++ exception into a status code and a per-thread message.
+#include "fastpar.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <new>
+#include <string>
+
+#include "core/context.hpp"
+#include "core/errors.hpp"
+#include "core/model.hpp"
+
+struct fastpar_model {
+    std::shared_ptr<fastpar::Model> model;
+};
+
+struct fastpar_context {
+    std::unique_ptr<fastpar::Context> ctx;
+};
+
+namespace {
+
+thread_local std::string t_last_error;
+
+fastpar_status fail(fastpar_status status, const std::string & message) {
+    t_last_error = message;
+    return status;
+}
+
+template <typename F>
+fastpar_status guard(F && body) {
+    try {
+        t_last_error.clear();
+        return body();
+    } catch (const fastpar::FileNotFound & e) {
+        return fail(FASTPAR_ERR_NOT_FOUND, e.what());
+    } catch (const fastpar::ModelLoadError & e) {
+        return fail(FASTPAR_ERR_MODEL_LOAD, e.what());
+    } catch (const std::invalid_argument & e) {
+        return fail(FASTPAR_ERR_INVALID_ARGUMENT, e.what());
+    } catch (const std::bad_alloc &) {
+        return fail(FASTPAR_ERR_OUT_OF_MEMORY, "out of memory");
+    } catch (const std::exception & e) {
+        return fail(FASTPAR_ERR_RUNTIME, e.what());
+    } catch (...) {
+        return fail(FASTPAR_ERR_RUNTIME, "unknown error");
+    }
+}
+
+char * dup_string(const std::string & s) {
+    char * out = static_cast<char *>(std::malloc(s.size() + 1));
+    if (out == nullptr) {
+        throw std::bad_alloc();
+    }
+    std::memcpy(out, s.data(), s.size());
+    out[s.size()] = '\0';
+    return out;
+}
+
+fastpar::GenerateParams to_core(const fastpar_generate_params & p) {
+    fastpar::GenerateParams g;
+    g.max_tokens = p.max_tokens;
+    g.temperature = p.temperature;
+    g.top_k = p.top_k;
+    g.top_p = p.top_p;
+    g.min_p = p.min_p;
+    g.repeat_penalty = p.repeat_penalty;
+    g.presence_penalty = p.presence_penalty;
+    g.frequency_penalty = p.frequency_penalty;
+    g.repeat_last_n = p.repeat_last_n;
+    g.seed = p.seed;
+    g.ignore_eos = p.ignore_eos;
+    if (p.n_stop < 0 || (p.n_stop > 0 && p.stop == nullptr)) {
+        throw std::invalid_argument("stop must point to n_stop strings (n_stop >= 0)");
+    }
+    for (int32_t i = 0; i < p.n_stop; ++i) {
+        if (p.stop[i] == nullptr) {
+            throw std::invalid_argument("stop[" + std::to_string(i) + "] is NULL");
+        }
+        g.stop.emplace_back(p.stop[i]);
+    }
+    return g;
+}
+
+}  // namespace
+
+extern "C" {
+
+const char * fastpar_version(void) { return fastpar::version(); }
+const char * fastpar_backend(void) { return fastpar::backend_name(); }
+const char * fastpar_last_error(void) { return t_last_error.c_str(); }
+
+fastpar_model_params fastpar_model_default_params(void) {
+    const fastpar::ModelParams d;
+    return {d.n_gpu_layers, d.use_mmap};
+}
+
+fastpar_context_params fastpar_context_default_params(void) {
+    const fastpar::ContextParams d;
+    return {d.n_parallel, d.n_ctx_per_seq, d.n_batch, d.n_threads, d.kv_unified};
+}
+
+fastpar_generate_params fastpar_generate_default_params(void) {
+    const fastpar::GenerateParams d;
+    return {d.max_tokens, d.temperature, d.top_k, d.top_p, d.min_p, d.repeat_penalty, d.presence_penalty,
+            d.frequency_penalty, d.repeat_last_n, d.seed, nullptr, 0, d.ignore_eos};
+}
+
+fastpar_status fastpar_model_load(const char * path, fastpar_model_params params, fastpar_model ** model_out) {
+    return guard([&] {
+        if (path == nullptr || model_out == nullptr) {
+            return fail(FASTPAR_ERR_INVALID_ARGUMENT, "path and model_out must not be NULL");
+        }
+        fastpar::ModelParams mp;
+        mp.n_gpu_layers = params.n_gpu_layers;
+        mp.use_mmap = params.use_mmap;
+        auto handle = std::make_unique<fastpar_model>();
+        handle->model = std::make_shared<fastpar::Model>(path, mp);
+        *model_out = handle.release();
+        return FASTPAR_OK;
+    });
+}
+
+void fastpar_model_free(fastpar_model * model) { delete model; }
+
+fastpar_status fastpar_context_new(fastpar_model * model, fastpar_context_params params,
+                                   fastpar_context ** ctx_out) {
+    return guard([&] {
+        if (model == nullptr || ctx_out == nullptr) {
+            return fail(FASTPAR_ERR_INVALID_ARGUMENT, "model and ctx_out must not be NULL");
+        }
+        fastpar::ContextParams cp;
+        cp.n_parallel = params.n_parallel;
+        cp.n_ctx_per_seq = params.n_ctx_per_seq;
+        cp.n_batch = params.n_batch;
+        cp.n_threads = params.n_threads;
+        cp.kv_unified = params.kv_unified;
+        auto handle = std::make_unique<fastpar_context>();
+        handle->ctx = std::make_unique<fastpar::Context>(model->model, cp);
+        *ctx_out = handle.release();
+        return FASTPAR_OK;
+    });
+}
+
+void fastpar_context_free(fastpar_context * ctx) { delete ctx; }
+
+fastpar_status fastpar_generate_parallel(fastpar_context * ctx, const char * const * prompts, int32_t n_prompts,
+                                         fastpar_generate_params params, fastpar_completion ** results_out) {
+    return guard([&] {
+        if (ctx == nullptr || results_out == nullptr) {
+            return fail(FASTPAR_ERR_INVALID_ARGUMENT, "ctx and results_out must not be NULL");
+        }
+        if (n_prompts < 0 || (n_prompts > 0 && prompts == nullptr)) {
+            return fail(FASTPAR_ERR_INVALID_ARGUMENT, "prompts must point to n_prompts strings (n_prompts >= 0)");
+        }
+        std::vector<fastpar::Prompt> in(static_cast<size_t>(n_prompts));
+        for (int32_t i = 0; i < n_prompts; ++i) {
+            if (prompts[i] == nullptr) {
+                return fail(FASTPAR_ERR_INVALID_ARGUMENT, "prompts[" + std::to_string(i) + "] is NULL");
+            }
+            in[static_cast<size_t>(i)].text = prompts[i];
+        }
+        const fastpar::GenerateParams gp = to_core(params);
+        if (n_prompts == 0) {
+            fastpar::validate(gp);
+            *results_out = nullptr;
+            return FASTPAR_OK;
+        }
+        std::vector<fastpar::Completion> out = ctx->ctx->generate(in, gp);
+
+        // Allocate everything first, so a failure leaves nothing behind.
+        auto * results = static_cast<fastpar_completion *>(std::calloc(out.size(), sizeof(fastpar_completion)));
+        if (results == nullptr) {
+            throw std::bad_alloc();
+        }
+        try {
+            for (size_t i = 0; i < out.size(); ++i) {
+                const fastpar::Completion & c = out[i];
+                fastpar_completion & r = results[i];
+                r.text = dup_string(c.text);
+                r.text_len = c.text.size();
+                r.n_gen_tokens = static_cast<int32_t>(c.token_ids.size());
+                r.token_ids = static_cast<int32_t *>(std::malloc(sizeof(int32_t) * (c.token_ids.size() + 1)));
+                if (r.token_ids == nullptr) {
+                    throw std::bad_alloc();
+                }
+                std::copy(c.token_ids.begin(), c.token_ids.end(), r.token_ids);
+                r.n_prompt_tokens = c.n_prompt_tokens;
+                r.finish_reason = static_cast<fastpar_finish_reason>(c.finish_reason);
+                r.error = c.finish_reason == fastpar::FinishReason::Error ? dup_string(c.error) : nullptr;
+            }
+        } catch (...) {
+            fastpar_results_free(results, static_cast<int32_t>(out.size()));
+            throw;
+        }
+        *results_out = results;
+        return FASTPAR_OK;
+    });
+}
+
+void fastpar_results_free(fastpar_completion * results, int32_t n_results) {
+    if (results == nullptr) {
+        return;
+    }
+    for (int32_t i = 0; i < n_results; ++i) {
+        std::free(results[i].text);
+        std::free(results[i].token_ids);
+        std::free(results[i].error);
+    }
+    std::free(results);
+}
+
+fastpar_status fastpar_context_last_stats(const fastpar_context * ctx, fastpar_stats * stats_out) {
+    return guard([&] {
+        if (ctx == nullptr || stats_out == nullptr) {
+            return fail(FASTPAR_ERR_INVALID_ARGUMENT, "ctx and stats_out must not be NULL");
+        }
+        const fastpar::Stats s = ctx->ctx->last_stats();
+        *stats_out = {s.n_prompts,
+                      s.n_failed,
+                      s.n_prompt_tokens,
+                      s.n_gen_tokens,
+                      s.t_prompt_ms,
+                      s.t_gen_ms,
+                      s.t_wall_ms,
+                      s.prompt_tokens_per_s(),
+                      s.gen_tokens_per_s(),
+                      s.total_tokens_per_s(),
+                      s.n_decode_calls,
+                      s.n_kv_full_retries};
+        return FASTPAR_OK;
+    });
+}
+
+}  // extern "C"

@@ -1,0 +1,138 @@
+#include "core/context.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <thread>
+
+#include "core/errors.hpp"
+#include "core/log.hpp"
+#include "core/sampling.hpp"
+#include "core/scheduler.hpp"
+
+namespace fastpar {
+namespace {
+
+// llama.cpp's physical batch: larger ubatches grow the compute buffer for little gain on CPU.
+constexpr int32_t kMaxUbatch = 512;
+
+#ifdef FASTPAR_DEBUG
+void print_stats(const Stats & s) {
+    std::fprintf(stderr,
+                 "[fastpar] prompts %lld (failed %lld) | prompt %lld tok, %.1f ms, %.1f tok/s | "
+                 "generated %lld tok, %.1f ms, %.1f tok/s | wall %.1f ms, %.1f tok/s | decode calls %lld, "
+                 "kv-full retries %lld\n",
+                 static_cast<long long>(s.n_prompts), static_cast<long long>(s.n_failed),
+                 static_cast<long long>(s.n_prompt_tokens), s.t_prompt_ms, s.prompt_tokens_per_s(),
+                 static_cast<long long>(s.n_gen_tokens), s.t_gen_ms, s.gen_tokens_per_s(), s.t_wall_ms,
+                 s.total_tokens_per_s(), static_cast<long long>(s.n_decode_calls),
+                 static_cast<long long>(s.n_kv_full_retries));
+}
+#endif
+
+}  // namespace
+
+Context::Context(std::shared_ptr<const Model> model, const ContextParams & params)
+    : model_(std::move(model)), params_(params) {
+    if (!model_) {
+        throw InvalidArgument("model is null");
+    }
+    validate(params_);
+    n_threads_ = params_.n_threads > 0 ? params_.n_threads
+                                       : static_cast<int32_t>(std::max(1u, std::thread::hardware_concurrency()));
+
+    llama_context_params cp = llama_context_default_params();
+    cp.n_ctx = static_cast<uint32_t>(params_.n_parallel) * static_cast<uint32_t>(params_.n_ctx_per_seq);
+    cp.n_batch = static_cast<uint32_t>(params_.n_batch);
+    cp.n_ubatch = static_cast<uint32_t>(std::min(params_.n_batch, kMaxUbatch));
+    cp.n_seq_max = static_cast<uint32_t>(params_.n_parallel);
+    cp.n_threads = n_threads_;
+    cp.n_threads_batch = n_threads_;
+    cp.kv_unified = params_.kv_unified;
+    cp.no_perf = true;
+    clear_last_llama_error();
+    ctx_ = llama_init_from_model(model_->get(), cp);
+    if (ctx_ == nullptr) {
+        const std::string why = last_llama_error();
+        throw Error("llama.cpp could not create a context with n_parallel=" + std::to_string(params_.n_parallel) +
+                    ", n_ctx_per_seq=" + std::to_string(params_.n_ctx_per_seq) +
+                    (why.empty() ? std::string() : ": " + why));
+    }
+    // Read back what llama.cpp really gave: with kv_unified off each sequence owns
+    // n_ctx / n_seq_max cells; with it on, our own per-sequence limit keeps the sum in bounds.
+    const auto actual = static_cast<int32_t>(params_.kv_unified ? llama_n_ctx(ctx_) : llama_n_ctx_seq(ctx_));
+    n_ctx_seq_ = std::min(params_.n_ctx_per_seq, actual);
+    batch_ = llama_batch_init(params_.n_batch, 0, 1);
+}
+
+Context::~Context() {
+    llama_batch_free(batch_);
+    if (ctx_ != nullptr) {
+        llama_free(ctx_);
+    }
+}
+
+std::vector<Completion> Context::generate(const std::vector<Prompt> & prompts, const GenerateParams & params,
+                                          const std::function<bool()> & interrupt) {
+    validate(params);
+    for (const auto & p : prompts) {
+        if (p.is_chat && !model_->has_chat_template()) {
+            throw InvalidArgument("model '" + model_->path() +
+                                  "' has no chat template; pass prompts as plain strings");
+        }
+    }
+    std::lock_guard<std::mutex> lock(mutex_);
+    using Clock = std::chrono::steady_clock;
+    const auto t0 = Clock::now();
+    Stats stats;
+    stats.n_prompts = static_cast<int64_t>(prompts.size());
+    std::vector<Completion> results(prompts.size());
+    const auto shared_params = std::make_shared<const GenerateParams>(params);
+    const uint32_t seed = resolve_seed(params);
+
+    auto finish_stats = [&] {
+        stats.t_wall_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+        last_stats_ = stats;
+#ifdef FASTPAR_DEBUG
+        print_stats(stats);
+#endif
+    };
+    {
+        Scheduler scheduler(*model_, ctx_, batch_, params_.n_parallel, params_.n_batch, n_ctx_seq_, stats);
+        for (size_t i = 0; i < prompts.size(); ++i) {
+            scheduler.enqueue(Request{prompts[i], shared_params, seed,
+                                      [&results, i](Completion && c) { results[i] = std::move(c); }});
+        }
+        try {
+            while (!scheduler.idle()) {
+                if (interrupt && interrupt()) {
+                    throw Interrupted();
+                }
+                scheduler.step();
+            }
+        } catch (...) {
+            scheduler.cancel_all();  // the context keeps nothing of this call
+            finish_stats();
+            throw;
+        }
+    }
+    finish_stats();
+    return results;
+}
+
+Stats Context::last_stats() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return last_stats_;
+}
+
+std::vector<int32_t> Context::seq_pos_max() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::vector<int32_t> out;
+    llama_memory_t mem = llama_get_memory(ctx_);
+    for (int32_t s = 0; s < params_.n_parallel; ++s) {
+        out.push_back(llama_memory_seq_pos_max(mem, s));
+    }
+    return out;
+}
+
+}  // namespace fastpar

@@ -1,0 +1,53 @@
+// A llama_context with n_parallel slots, its one llama_batch, and the lock that makes
+// concurrent generate calls on one Context take turns.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "core/model.hpp"
+#include "core/params.hpp"
+#include "llama.h"
+
+namespace fastpar {
+
+class Context {
+public:
+    // Throws InvalidArgument for bad params, Error when llama.cpp cannot make the context.
+    Context(std::shared_ptr<const Model> model, const ContextParams & params);
+    ~Context();
+    Context(const Context &) = delete;
+    Context & operator=(const Context &) = delete;
+
+    // Runs every prompt to completion and returns results in input order. A prompt that
+    // cannot be served ends with FinishReason::Error; the others are unaffected.
+    // `interrupt` is polled between steps: when it returns true, every unfinished prompt
+    // is cancelled, the KV cache is cleared and Interrupted is thrown. Concurrent calls
+    // on one Context are serialised.
+    std::vector<Completion> generate(const std::vector<Prompt> & prompts, const GenerateParams & params,
+                                     const std::function<bool()> & interrupt = {});
+
+    Stats last_stats() const;
+    // llama_memory_seq_pos_max for every slot: all -1 when nothing is held.
+    std::vector<int32_t> seq_pos_max() const;
+
+    const ContextParams & params() const { return params_; }
+    // Positions one sequence may really use (n_ctx_per_seq, or less if llama.cpp gave less).
+    int32_t n_ctx_per_seq() const { return n_ctx_seq_; }
+    int32_t n_threads() const { return n_threads_; }
+    const std::shared_ptr<const Model> & model() const { return model_; }
+
+private:
+    std::shared_ptr<const Model> model_;
+    ContextParams params_;
+    llama_context * ctx_ = nullptr;
+    llama_batch batch_{};
+    int32_t n_ctx_seq_ = 0;
+    int32_t n_threads_ = 0;
+    mutable std::mutex mutex_;  // one generate at a time; guards last_stats_
+    Stats last_stats_;
+};
+
+}  // namespace fastpar

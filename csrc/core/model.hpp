@@ -1,0 +1,49 @@
+// A loaded GGUF model: weights, vocabulary and chat template. Immutable after load,
+// so several Contexts may share one Model from several threads.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/params.hpp"
+#include "llama.h"
+
+namespace fastpar {
+
+class Model {
+public:
+    // Throws FileNotFound, InvalidArgument or ModelLoadError (with llama.cpp's reason).
+    Model(const std::string & path, const ModelParams & params);
+    ~Model();
+    Model(const Model &) = delete;
+    Model & operator=(const Model &) = delete;
+
+    llama_model * get() const { return model_; }
+    const llama_vocab * vocab() const { return vocab_; }
+    const std::string & path() const { return path_; }
+    int32_t n_vocab() const;
+    int32_t n_ctx_train() const;
+    std::string description() const;
+    bool has_chat_template() const { return chat_template_ != nullptr; }
+
+    // Tokens of `text`, with the vocabulary's BOS/EOS rules and special tokens parsed.
+    std::vector<llama_token> tokenize(const std::string & text) const;
+    // The bytes of one token (special tokens render empty); may be part of a UTF-8 character.
+    std::string token_piece(llama_token token) const;
+    // `messages` rendered with the model's chat template, the assistant turn opened.
+    // Throws InvalidArgument when the model has no template llama.cpp can apply.
+    std::string apply_chat_template(const std::vector<ChatMessage> & messages) const;
+
+private:
+    std::string path_;
+    llama_model * model_ = nullptr;
+    const llama_vocab * vocab_ = nullptr;
+    const char * chat_template_ = nullptr;
+};
+
+// The backend this library was compiled for: "cpu", "cuda" or "metal".
+const char * backend_name();
+const char * version();
+
+}  // namespace fastpar

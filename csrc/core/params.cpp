@@ -1,0 +1,99 @@
+#include "core/params.hpp"
+
+#include <cmath>
+#include <string>
+
+#include "core/errors.hpp"
+
+namespace fastpar {
+namespace {
+
+// llama.cpp's LLAMA_MAX_SEQ: the most sequences one context can hold.
+constexpr int32_t kMaxParallel = 256;
+
+[[noreturn]] void bad(const std::string & what) { throw InvalidArgument(what); }
+
+void check_finite(const char * name, float v) {
+    if (!std::isfinite(v)) {
+        bad(std::string(name) + " must be a finite number, got " + std::to_string(v));
+    }
+}
+
+}  // namespace
+
+const char * finish_reason_name(FinishReason reason) {
+    switch (reason) {
+        case FinishReason::Stop: return "stop";
+        case FinishReason::Length: return "length";
+        case FinishReason::Error: return "error";
+        case FinishReason::Cancelled: return "cancelled";
+    }
+    return "error";
+}
+
+void validate(const ModelParams & p) {
+    if (p.n_gpu_layers < -1) {
+        bad("n_gpu_layers must be -1 (all), 0 or positive, got " + std::to_string(p.n_gpu_layers));
+    }
+}
+
+void validate(const ContextParams & p) {
+    if (p.n_parallel < 1 || p.n_parallel > kMaxParallel) {
+        bad("n_parallel must be between 1 and " + std::to_string(kMaxParallel) + ", got " +
+            std::to_string(p.n_parallel));
+    }
+    if (p.n_ctx_per_seq < 2) {
+        bad("n_ctx_per_seq must be at least 2 (one prompt token and one generated), got " +
+            std::to_string(p.n_ctx_per_seq));
+    }
+    if (static_cast<int64_t>(p.n_parallel) * p.n_ctx_per_seq > INT32_MAX) {
+        bad("n_parallel x n_ctx_per_seq is too large for one context");
+    }
+    if (p.n_batch < p.n_parallel) {
+        bad("n_batch (" + std::to_string(p.n_batch) + ") must be at least n_parallel (" +
+            std::to_string(p.n_parallel) + "): every slot adds a token to each batch");
+    }
+    if (p.n_threads < 0) {
+        bad("n_threads must be 0 (one per hardware thread) or positive, got " + std::to_string(p.n_threads));
+    }
+}
+
+void validate(const GenerateParams & p) {
+    if (p.max_tokens < 0) {
+        bad("max_tokens must be >= 0, got " + std::to_string(p.max_tokens));
+    }
+    check_finite("temperature", p.temperature);
+    if (p.temperature < 0) {
+        bad("temperature must be >= 0 (0 = greedy), got " + std::to_string(p.temperature));
+    }
+    if (p.top_k < 0) {
+        bad("top_k must be >= 0 (0 = off), got " + std::to_string(p.top_k));
+    }
+    check_finite("top_p", p.top_p);
+    if (p.top_p <= 0 || p.top_p > 1) {
+        bad("top_p must be in (0, 1], got " + std::to_string(p.top_p));
+    }
+    check_finite("min_p", p.min_p);
+    if (p.min_p < 0 || p.min_p > 1) {
+        bad("min_p must be in [0, 1], got " + std::to_string(p.min_p));
+    }
+    check_finite("repeat_penalty", p.repeat_penalty);
+    if (p.repeat_penalty <= 0) {
+        bad("repeat_penalty must be > 0 (1 = off), got " + std::to_string(p.repeat_penalty));
+    }
+    check_finite("presence_penalty", p.presence_penalty);
+    check_finite("frequency_penalty", p.frequency_penalty);
+    if (p.repeat_last_n < 0) {
+        bad("repeat_last_n must be >= 0, got " + std::to_string(p.repeat_last_n));
+    }
+    if (p.seed < -1 || p.seed > static_cast<int64_t>(UINT32_MAX)) {
+        bad("seed must be -1 (random) or in [0, 2^32 - 1], got " + std::to_string(p.seed));
+    }
+    for (const auto & s : p.stop) {
+        if (s.empty()) {
+            bad("stop strings must not be empty");
+        }
+    }
+}
+
+}  // namespace fastpar

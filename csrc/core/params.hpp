@@ -1,0 +1,96 @@
+// The one source of truth for every option and result of fastpar.
+// The C ABI's *_default_params(), the Python keyword defaults and the R wrapper all
+// start from these member initialisers; nothing else retypes a default.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace fastpar {
+
+struct ModelParams {
+    int32_t n_gpu_layers = 0;  // layers to offload to the GPU; -1 = all; > 0 needs a GPU build
+    bool use_mmap = true;      // map the GGUF file instead of reading it into memory
+};
+
+struct ContextParams {
+    int32_t n_parallel = 8;        // slots: prompts decoded together (seq_id 0..n_parallel-1), 1..256
+    int32_t n_ctx_per_seq = 2048;  // positions ONE prompt plus its generation may use; KV = n_parallel x this
+    int32_t n_batch = 512;         // most tokens in one llama_decode call; >= n_parallel
+    int32_t n_threads = 0;         // CPU threads; 0 = one per hardware thread
+    bool kv_unified = false;       // one KV buffer for all slots (helps shared prefixes, slower otherwise)
+};
+
+struct GenerateParams {
+    int32_t max_tokens = 256;         // most new tokens per prompt; 0 = none (prompt is not decoded)
+    float temperature = 0.8f;         // 0 = greedy
+    int32_t top_k = 40;               // keep the k most likely tokens; 0 = off
+    float top_p = 0.95f;              // nucleus sampling threshold; 1 = off
+    float min_p = 0.05f;              // drop tokens below min_p x the best probability; 0 = off
+    float repeat_penalty = 1.0f;      // penalise the last repeat_last_n tokens; 1 = off
+    float presence_penalty = 0.0f;    // subtract for any token already present; 0 = off
+    float frequency_penalty = 0.0f;   // subtract per occurrence of a token; 0 = off
+    int32_t repeat_last_n = 64;       // how many recent tokens the penalties look at
+    int64_t seed = -1;                // sampler seed, the same for every prompt; -1 = random
+    std::vector<std::string> stop;    // stop strings: the text ends before the first match
+    bool ignore_eos = false;          // keep generating past end-of-generation tokens
+};
+
+enum class FinishReason : int32_t {
+    Stop = 0,       // end-of-generation token or a stop string
+    Length = 1,     // max_tokens reached, or the sequence's context is full
+    Error = 2,      // this prompt failed; see Completion::error
+    Cancelled = 3,  // the call was interrupted before this prompt finished
+};
+
+const char * finish_reason_name(FinishReason reason);
+
+struct ChatMessage {
+    std::string role;
+    std::string content;
+};
+
+// One prompt: raw text, or chat messages rendered with the model's own template.
+struct Prompt {
+    std::string text;
+    std::vector<ChatMessage> messages;
+    bool is_chat = false;
+};
+
+struct Completion {
+    std::string text;                 // valid UTF-8 (invalid bytes replaced by U+FFFD)
+    std::vector<int32_t> token_ids;   // generated tokens, end-of-generation token excluded
+    FinishReason finish_reason = FinishReason::Error;
+    std::string error;                // empty unless finish_reason == Error
+    int32_t n_prompt_tokens = 0;      // prompt tokens decoded for this prompt
+    int32_t n_gen_tokens = 0;         // == token_ids.size()
+};
+
+// Per-call statistics. Each llama_decode call's time is split between prompt and
+// generation in proportion to the prompt and generated tokens it carried; sampling
+// time counts as generation.
+struct Stats {
+    int64_t n_prompts = 0;        // prompts in the call
+    int64_t n_failed = 0;         // prompts that ended with finish_reason "error"
+    int64_t n_prompt_tokens = 0;  // prompt tokens decoded
+    int64_t n_gen_tokens = 0;     // tokens generated
+    double t_prompt_ms = 0;       // time attributed to prompt processing
+    double t_gen_ms = 0;          // time attributed to generation (decode + sampling)
+    double t_wall_ms = 0;         // wall time of the whole call
+    int64_t n_decode_calls = 0;   // llama_decode calls, retries included
+    int64_t n_kv_full_retries = 0;  // llama_decode returned 1 (no KV room) and the batch was split
+
+    double prompt_tokens_per_s() const { return t_prompt_ms > 0 ? 1e3 * static_cast<double>(n_prompt_tokens) / t_prompt_ms : 0.0; }
+    double gen_tokens_per_s() const { return t_gen_ms > 0 ? 1e3 * static_cast<double>(n_gen_tokens) / t_gen_ms : 0.0; }
+    double total_tokens_per_s() const {
+        return t_wall_ms > 0 ? 1e3 * static_cast<double>(n_prompt_tokens + n_gen_tokens) / t_wall_ms : 0.0;
+    }
+};
+
+// Throws InvalidArgument naming the first option out of range.
+void validate(const ModelParams & params);
+void validate(const ContextParams & params);
+void validate(const GenerateParams & params);
+
+}  // namespace fastpar

@@ -1,0 +1,307 @@
+#include "core/scheduler.hpp"
+
+#include <algorithm>
+#include <chrono>
+
+#include "core/errors.hpp"
+#include "core/text.hpp"
+
+namespace fastpar {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double ms_since(Clock::time_point t0) {
+    return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+std::string decode_error_message(int32_t rc) {
+    switch (rc) {
+        case 1:
+            return "llama_decode found no room in the KV cache for this prompt, even decoded alone";
+        case 2:
+            return "llama_decode was aborted";
+        case -1:
+            return "llama_decode rejected this prompt's tokens as an invalid batch";
+        default:
+            return "llama_decode failed with code " + std::to_string(rc);
+    }
+}
+
+}  // namespace
+
+struct Scheduler::Slot {
+    llama_seq_id seq = 0;
+    bool active = false;
+    Request request;
+    std::vector<llama_token> prompt;
+    size_t n_fed = 0;          // prompt tokens already in the KV cache
+    llama_pos n_past = 0;      // positions of this sequence in the KV cache
+    llama_token pending = -1;  // sampled token still to be fed
+    SamplerPtr sampler;
+    std::string bytes;         // generated text so far, raw bytes
+    Completion completion;
+    // Set while building a batch:
+    int32_t n_plan = 0;        // tokens this slot adds to the batch
+    int32_t i_logits = -1;     // batch index whose logits this slot samples, or -1
+
+    bool prefilling() const { return n_fed < prompt.size(); }
+};
+
+Scheduler::Scheduler(const Model & model, llama_context * ctx, llama_batch & batch, int32_t n_parallel,
+                     int32_t n_batch, int32_t n_ctx_seq, Stats & stats)
+    : model_(model), ctx_(ctx), mem_(llama_get_memory(ctx)), batch_(batch), n_batch_(n_batch),
+      n_ctx_seq_(n_ctx_seq), stats_(stats) {
+    slots_.reserve(static_cast<size_t>(n_parallel));
+    for (int32_t i = 0; i < n_parallel; ++i) {
+        slots_.push_back(std::make_unique<Slot>());
+        slots_.back()->seq = i;
+    }
+}
+
+Scheduler::~Scheduler() { cancel_all(); }
+
+void Scheduler::enqueue(Request request) { queue_.push_back(std::move(request)); }
+
+bool Scheduler::idle() const {
+    if (!queue_.empty()) {
+        return false;
+    }
+    return std::none_of(slots_.begin(), slots_.end(), [](const auto & s) { return s->active; });
+}
+
+void Scheduler::complete_unstarted(Request & request, FinishReason reason, const std::string & error) {
+    Completion c;
+    c.finish_reason = reason;
+    c.error = error;
+    request.on_done(std::move(c));
+}
+
+void Scheduler::admit() {
+    for (auto & slot_ptr : slots_) {
+        Slot & slot = *slot_ptr;
+        while (!slot.active && !queue_.empty()) {
+            Request request = std::move(queue_.front());
+            queue_.pop_front();
+            const GenerateParams & params = *request.params;
+            std::vector<llama_token> tokens;
+            try {
+                tokens = model_.tokenize(request.prompt.is_chat ? model_.apply_chat_template(request.prompt.messages)
+                                                                : request.prompt.text);
+            } catch (const std::exception & e) {
+                ++stats_.n_failed;
+                complete_unstarted(request, FinishReason::Error, e.what());
+                continue;
+            }
+            if (tokens.empty()) {
+                ++stats_.n_failed;
+                complete_unstarted(request, FinishReason::Error,
+                                   "prompt is empty: it tokenizes to no tokens, so there is nothing to continue");
+                continue;
+            }
+            if (tokens.size() >= static_cast<size_t>(n_ctx_seq_)) {
+                ++stats_.n_failed;
+                complete_unstarted(request, FinishReason::Error,
+                                   "prompt has " + std::to_string(tokens.size()) + " tokens, but n_ctx_per_seq=" +
+                                       std::to_string(n_ctx_seq_) + " allows at most " +
+                                       std::to_string(n_ctx_seq_ - 1) +
+                                       " (one position is kept for generation); raise n_ctx_per_seq or shorten it");
+                continue;
+            }
+            if (params.max_tokens == 0) {
+                complete_unstarted(request, FinishReason::Length, "");
+                continue;
+            }
+            // Defensive: the slot's sequence must be empty before it is reused.
+            if (llama_memory_seq_pos_max(mem_, slot.seq) >= 0) {
+                llama_memory_seq_rm(mem_, slot.seq, -1, -1);
+            }
+            slot.sampler = make_sampler(params, request.seed, model_.n_vocab());
+            slot.request = std::move(request);
+            slot.prompt = std::move(tokens);
+            slot.n_fed = 0;
+            slot.n_past = 0;
+            slot.pending = -1;
+            slot.bytes.clear();
+            slot.completion = Completion();
+            slot.active = true;
+        }
+    }
+}
+
+void Scheduler::step() {
+    admit();
+    std::vector<Slot *> group;
+    int32_t budget = n_batch_;
+    // Decoding slots first: one token each, n_batch >= n_parallel guarantees room.
+    for (auto & s : slots_) {
+        if (s->active && !s->prefilling()) {
+            s->n_plan = 1;
+            --budget;
+            group.push_back(s.get());
+        }
+    }
+    // Prompt chunks fill what is left, starting from a rotating slot so none starves.
+    const size_t n = slots_.size();
+    for (size_t k = 0; k < n && budget > 0; ++k) {
+        Slot & s = *slots_[(prefill_rotation_ + k) % n];
+        if (s.active && s.prefilling()) {
+            s.n_plan = static_cast<int32_t>(std::min<size_t>(s.prompt.size() - s.n_fed, static_cast<size_t>(budget)));
+            budget -= s.n_plan;
+            group.push_back(&s);
+        }
+    }
+    prefill_rotation_ = (prefill_rotation_ + 1) % n;
+    if (!group.empty()) {
+        decode_group(std::move(group));
+    }
+}
+
+void Scheduler::decode_group(std::vector<Slot *> group) {
+    batch_.n_tokens = 0;
+    int64_t n_prompt_tokens = 0, n_gen_tokens = 0;
+    auto add = [this](llama_token token, llama_pos pos, llama_seq_id seq, bool logits) {
+        const int32_t i = batch_.n_tokens++;
+        batch_.token[i] = token;
+        batch_.pos[i] = pos;
+        batch_.n_seq_id[i] = 1;
+        batch_.seq_id[i][0] = seq;
+        batch_.logits[i] = logits;
+        return i;
+    };
+    for (Slot * s : group) {
+        s->i_logits = -1;
+        if (s->prefilling()) {
+            const bool last_chunk = s->n_fed + static_cast<size_t>(s->n_plan) == s->prompt.size();
+            for (int32_t j = 0; j < s->n_plan; ++j) {
+                const bool logits = last_chunk && j == s->n_plan - 1;
+                const int32_t i = add(s->prompt[s->n_fed + static_cast<size_t>(j)], s->n_past + j, s->seq, logits);
+                if (logits) {
+                    s->i_logits = i;
+                }
+            }
+            n_prompt_tokens += s->n_plan;
+        } else {
+            s->i_logits = add(s->pending, s->n_past, s->seq, true);
+            ++n_gen_tokens;
+        }
+    }
+
+    const auto t0 = Clock::now();
+    const int32_t rc = llama_decode(ctx_, batch_);
+    const double dt = ms_since(t0);
+    ++stats_.n_decode_calls;
+    const double share = static_cast<double>(n_prompt_tokens) / static_cast<double>(n_prompt_tokens + n_gen_tokens);
+    stats_.t_prompt_ms += dt * share;
+    stats_.t_gen_ms += dt * (1.0 - share);
+
+    if (rc == 0) {
+        const auto t_sample = Clock::now();
+        for (Slot * s : group) {
+            if (s->prefilling()) {
+                s->n_fed += static_cast<size_t>(s->n_plan);
+                s->completion.n_prompt_tokens += s->n_plan;
+                stats_.n_prompt_tokens += s->n_plan;
+            }
+            s->n_past += s->n_plan;
+            if (s->i_logits >= 0) {
+                sample(*s);
+            }
+        }
+        stats_.t_gen_ms += ms_since(t_sample);
+        return;
+    }
+
+    // Failed: drop whatever part of this batch reached the KV cache, so every slot is
+    // back exactly where it was before the call (positions stay consistent).
+    for (Slot * s : group) {
+        llama_memory_seq_rm(mem_, s->seq, s->n_past, -1);
+    }
+    if (rc == 1) {
+        ++stats_.n_kv_full_retries;
+    }
+    if (group.size() > 1) {
+        // Split: a KV-full batch may fit in halves; an invalid batch (-1 rejects the whole
+        // batch) is narrowed down to the slot that causes it, and the others go on.
+        const auto mid = group.begin() + static_cast<std::ptrdiff_t>(group.size() / 2);
+        std::vector<Slot *> first(group.begin(), mid), second(mid, group.end());
+        decode_group(std::move(first));
+        decode_group(std::move(second));
+        return;
+    }
+    Slot & s = *group.front();
+    if (rc == 1 && s.n_plan > 1) {
+        s.n_plan /= 2;  // a smaller prompt chunk may still find room
+        decode_group(std::move(group));
+        return;
+    }
+    finish(s, FinishReason::Error, decode_error_message(rc));
+}
+
+void Scheduler::sample(Slot & s) {
+    const GenerateParams & params = *s.request.params;
+    const llama_token token = llama_sampler_sample(s.sampler.get(), ctx_, s.i_logits);
+    if (!params.ignore_eos && llama_vocab_is_eog(model_.vocab(), token)) {
+        finish(s, FinishReason::Stop);
+        return;
+    }
+    s.completion.token_ids.push_back(token);
+    ++stats_.n_gen_tokens;
+    const size_t before = s.bytes.size();
+    s.bytes += model_.token_piece(token);
+    if (!params.stop.empty()) {
+        const size_t at = find_stop(s.bytes, params.stop, before);
+        if (at != std::string::npos) {
+            s.bytes.resize(at);
+            finish(s, FinishReason::Stop);
+            return;
+        }
+    }
+    if (s.completion.token_ids.size() >= static_cast<size_t>(params.max_tokens) || s.n_past >= n_ctx_seq_) {
+        finish(s, FinishReason::Length);  // max_tokens, or no position left to feed the token
+        return;
+    }
+    s.pending = token;
+}
+
+void Scheduler::finish(Slot & s, FinishReason reason, const std::string & error) {
+    llama_memory_seq_rm(mem_, s.seq, -1, -1);
+    s.sampler.reset();
+    s.active = false;
+    s.prompt.clear();
+    s.n_fed = 0;
+    s.n_past = 0;
+    if (reason == FinishReason::Error) {
+        ++stats_.n_failed;
+    }
+    Completion c = std::move(s.completion);
+    c.finish_reason = reason;
+    c.error = error;
+    c.text = utf8_sanitize(s.bytes);
+    c.n_gen_tokens = static_cast<int32_t>(c.token_ids.size());
+    s.bytes.clear();
+    Request request = std::move(s.request);
+    request.on_done(std::move(c));
+}
+
+void Scheduler::cancel_all() noexcept {
+    for (auto & s : slots_) {
+        if (s->active) {
+            try {
+                finish(*s, FinishReason::Cancelled);
+            } catch (...) {
+                // finish() already removed the KV and freed the slot before calling back.
+            }
+        }
+    }
+    while (!queue_.empty()) {
+        Request request = std::move(queue_.front());
+        queue_.pop_front();
+        try {
+            complete_unstarted(request, FinishReason::Cancelled, "");
+        } catch (...) {
+        }
+    }
+}
+
+}  // namespace fastpar

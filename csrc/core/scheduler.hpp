@@ -1,0 +1,67 @@
+// The one loop (DESIGN.md): n_parallel slots over one llama_context, a FIFO of pending
+// requests, and one llama_batch reused for every step. generate_parallel drives it on
+// the calling thread; nothing else decodes.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/model.hpp"
+#include "core/params.hpp"
+#include "core/sampling.hpp"
+#include "llama.h"
+
+namespace fastpar {
+
+struct Request {
+    Prompt prompt;
+    std::shared_ptr<const GenerateParams> params;
+    uint32_t seed = 0;                           // resolved sampler seed
+    std::function<void(Completion &&)> on_done;  // called once, on the scheduler's thread
+};
+
+class Scheduler {
+public:
+    // `batch` must hold at least n_batch tokens; `n_ctx_seq` is what one sequence may use.
+    Scheduler(const Model & model, llama_context * ctx, llama_batch & batch, int32_t n_parallel,
+              int32_t n_batch, int32_t n_ctx_seq, Stats & stats);
+    // Cancels whatever is still queued or running, so the context is left clean.
+    ~Scheduler();
+    Scheduler(const Scheduler &) = delete;
+    Scheduler & operator=(const Scheduler &) = delete;
+
+    void enqueue(Request request);
+    bool idle() const;
+    // One round: admit queued requests into free slots, build one batch, decode, sample,
+    // retire finished slots.
+    void step();
+    // Ends every queued and running request with finish_reason "cancelled" and removes
+    // their KV. Never throws.
+    void cancel_all() noexcept;
+
+private:
+    struct Slot;
+
+    void admit();
+    void decode_group(std::vector<Slot *> group);
+    void sample(Slot & slot);
+    void finish(Slot & slot, FinishReason reason, const std::string & error = std::string());
+    static void complete_unstarted(Request & request, FinishReason reason, const std::string & error);
+
+    const Model & model_;
+    llama_context * ctx_;
+    llama_memory_t mem_;
+    llama_batch & batch_;
+    int32_t n_batch_;
+    int32_t n_ctx_seq_;
+    Stats & stats_;
+    std::vector<std::unique_ptr<Slot>> slots_;
+    std::deque<Request> queue_;
+    size_t prefill_rotation_ = 0;  // which slot's prompt goes first, for fairness
+};
+
+}  // namespace fastpar

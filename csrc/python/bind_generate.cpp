@@ -1,0 +1,126 @@
+#include <chrono>
+#include <variant>
+
+#include <pybind11/stl.h>
+
+#include "core/context.hpp"
+#include "core/errors.hpp"
+#include "python/module.hpp"
+
+namespace py = pybind11;
+
+namespace fastpar::python {
+namespace {
+
+// How often generation looks for a pending Ctrl-C; taking the GIL each step would make
+// the loop wait on other Python threads.
+constexpr auto kSignalPollInterval = std::chrono::milliseconds(50);
+
+using PromptIn = std::variant<std::string, std::vector<ChatMessage>>;
+
+std::vector<Completion> generate(Context & ctx, const std::vector<PromptIn> & prompts_in,
+                                 const GenerateParams & params) {
+    std::vector<Prompt> prompts(prompts_in.size());
+    for (size_t i = 0; i < prompts_in.size(); ++i) {
+        if (const auto * text = std::get_if<std::string>(&prompts_in[i])) {
+            prompts[i].text = *text;
+        } else {
+            prompts[i].messages = std::get<std::vector<ChatMessage>>(prompts_in[i]);
+            prompts[i].is_chat = true;
+        }
+    }
+    bool signalled = false;
+    auto next_poll = std::chrono::steady_clock::now() + kSignalPollInterval;
+    auto interrupt = [&]() {
+        const auto now = std::chrono::steady_clock::now();
+        if (now < next_poll) {
+            return false;
+        }
+        next_poll = now + kSignalPollInterval;
+        py::gil_scoped_acquire gil;
+        signalled = PyErr_CheckSignals() != 0;
+        return signalled;
+    };
+    try {
+        py::gil_scoped_release nogil;
+        return ctx.generate(prompts, params, interrupt);
+    } catch (const Interrupted &) {
+        if (signalled) {
+            throw py::error_already_set();  // the KeyboardInterrupt (or other) PyErr_CheckSignals set
+        }
+        throw;
+    }
+}
+
+}  // namespace
+
+void register_generate(py::module_ & m) {
+    py::class_<ContextParams>(m, "ContextParams", "Options of a context; defaults are fastpar's.")
+        .def(py::init<>())
+        .def_readwrite("n_parallel", &ContextParams::n_parallel)
+        .def_readwrite("n_ctx_per_seq", &ContextParams::n_ctx_per_seq)
+        .def_readwrite("n_batch", &ContextParams::n_batch)
+        .def_readwrite("n_threads", &ContextParams::n_threads)
+        .def_readwrite("kv_unified", &ContextParams::kv_unified);
+
+    py::class_<GenerateParams>(m, "GenerateParams", "Options of a generate call; defaults are fastpar's.")
+        .def(py::init<>())
+        .def_readwrite("max_tokens", &GenerateParams::max_tokens)
+        .def_readwrite("temperature", &GenerateParams::temperature)
+        .def_readwrite("top_k", &GenerateParams::top_k)
+        .def_readwrite("top_p", &GenerateParams::top_p)
+        .def_readwrite("min_p", &GenerateParams::min_p)
+        .def_readwrite("repeat_penalty", &GenerateParams::repeat_penalty)
+        .def_readwrite("presence_penalty", &GenerateParams::presence_penalty)
+        .def_readwrite("frequency_penalty", &GenerateParams::frequency_penalty)
+        .def_readwrite("repeat_last_n", &GenerateParams::repeat_last_n)
+        .def_readwrite("seed", &GenerateParams::seed)
+        .def_readwrite("stop", &GenerateParams::stop)
+        .def_readwrite("ignore_eos", &GenerateParams::ignore_eos);
+
+    py::class_<Completion>(m, "Completion", "The answer to one prompt.")
+        .def_readonly("text", &Completion::text)
+        .def_readonly("token_ids", &Completion::token_ids)
+        .def_property_readonly("finish_reason", [](const Completion & c) { return finish_reason_name(c.finish_reason); })
+        .def_property_readonly("error", [](const Completion & c) -> py::object {
+            return c.finish_reason == FinishReason::Error ? py::object(py::str(c.error)) : py::object(py::none());
+        })
+        .def_readonly("n_prompt_tokens", &Completion::n_prompt_tokens)
+        .def_readonly("n_gen_tokens", &Completion::n_gen_tokens)
+        .def("__repr__", [](const Completion & c) {
+            std::string text = c.text.size() > 60 ? c.text.substr(0, 60) + "..." : c.text;
+            return "Completion(finish_reason=" + std::string(finish_reason_name(c.finish_reason)) +
+                   ", n_prompt_tokens=" + std::to_string(c.n_prompt_tokens) +
+                   ", n_gen_tokens=" + std::to_string(c.n_gen_tokens) + ", text=" +
+                   py::repr(py::str(text)).cast<std::string>() + ")";
+        });
+
+    py::class_<Stats>(m, "Stats", "Statistics of one generate call.")
+        .def_readonly("n_prompts", &Stats::n_prompts)
+        .def_readonly("n_failed", &Stats::n_failed)
+        .def_readonly("n_prompt_tokens", &Stats::n_prompt_tokens)
+        .def_readonly("n_gen_tokens", &Stats::n_gen_tokens)
+        .def_readonly("t_prompt_ms", &Stats::t_prompt_ms)
+        .def_readonly("t_gen_ms", &Stats::t_gen_ms)
+        .def_readonly("t_wall_ms", &Stats::t_wall_ms)
+        .def_readonly("n_decode_calls", &Stats::n_decode_calls)
+        .def_readonly("n_kv_full_retries", &Stats::n_kv_full_retries)
+        .def_property_readonly("prompt_tokens_per_s", &Stats::prompt_tokens_per_s)
+        .def_property_readonly("gen_tokens_per_s", &Stats::gen_tokens_per_s)
+        .def_property_readonly("total_tokens_per_s", &Stats::total_tokens_per_s);
+
+    py::class_<Context>(m, "Context", "A llama.cpp context with n_parallel slots.")
+        .def(py::init<std::shared_ptr<const Model>, const ContextParams &>(), py::arg("model"), py::arg("params"),
+             py::call_guard<py::gil_scoped_release>())
+        .def("generate", &generate, py::arg("prompts"), py::arg("params"),
+             "Run every prompt (str, or list of ChatMessage) to completion; results in input order.")
+        .def_property_readonly("last_stats", &Context::last_stats)
+        .def("seq_pos_max", &Context::seq_pos_max, "llama_memory_seq_pos_max of every slot (-1 = empty).")
+        .def_property_readonly("n_ctx_per_seq", &Context::n_ctx_per_seq)
+        .def_property_readonly("n_threads", &Context::n_threads)
+        .def_property_readonly("n_parallel", [](const Context & c) { return c.params().n_parallel; })
+        .def_property_readonly("n_batch", [](const Context & c) { return c.params().n_batch; })
+        .def_property_readonly("kv_unified", [](const Context & c) { return c.params().kv_unified; });
+}
+
+}  // namespace fastpar::python

@@ -1,0 +1,61 @@
+#include <pybind11/stl.h>
+
+#include "core/errors.hpp"
+#include "core/model.hpp"
+#include "python/module.hpp"
+
+namespace py = pybind11;
+
+namespace fastpar::python {
+
+void register_errors(py::module_ & m) {
+    PYBIND11_CONSTINIT static py::gil_safe_call_once_and_store<py::object> error_type;
+    PYBIND11_CONSTINIT static py::gil_safe_call_once_and_store<py::object> load_error_type;
+    error_type.call_once_and_store_result([&] {
+        return py::object(py::exception<Error>(m, "FastparError", PyExc_RuntimeError));
+    });
+    load_error_type.call_once_and_store_result([&] {
+        return py::object(py::exception<ModelLoadError>(m, "ModelLoadError", error_type.get_stored().ptr()));
+    });
+    py::register_exception_translator([](std::exception_ptr p) {
+        try {
+            if (p) {
+                std::rethrow_exception(p);
+            }
+        } catch (const FileNotFound & e) {
+            PyErr_SetString(PyExc_FileNotFoundError, e.what());
+        } catch (const ModelLoadError & e) {
+            PyErr_SetString(load_error_type.get_stored().ptr(), e.what());
+        } catch (const Error & e) {
+            PyErr_SetString(error_type.get_stored().ptr(), e.what());
+        }
+    });
+}
+
+void register_model(py::module_ & m) {
+    py::class_<ModelParams>(m, "ModelParams", "Options of a model load; defaults are fastpar's.")
+        .def(py::init<>())
+        .def_readwrite("n_gpu_layers", &ModelParams::n_gpu_layers)
+        .def_readwrite("use_mmap", &ModelParams::use_mmap);
+
+    py::class_<Model, std::shared_ptr<Model>>(m, "Model", "A GGUF model loaded with llama.cpp.")
+        .def(py::init<const std::string &, const ModelParams &>(), py::arg("path"), py::arg("params"),
+             py::call_guard<py::gil_scoped_release>())
+        .def_property_readonly("path", &Model::path)
+        .def_property_readonly("n_vocab", &Model::n_vocab)
+        .def_property_readonly("n_ctx_train", &Model::n_ctx_train)
+        .def_property_readonly("description", &Model::description)
+        .def_property_readonly("has_chat_template", &Model::has_chat_template)
+        .def("tokenize", &Model::tokenize, py::arg("text"),
+             "Token ids of text, as generate would feed them (special tokens parsed).")
+        .def("apply_chat_template", &Model::apply_chat_template, py::arg("messages"),
+             "Messages rendered with the model's chat template, assistant turn opened.");
+
+    py::class_<ChatMessage>(m, "ChatMessage")
+        .def(py::init([](std::string role, std::string content) { return ChatMessage{std::move(role), std::move(content)}; }),
+             py::arg("role"), py::arg("content"))
+        .def_readonly("role", &ChatMessage::role)
+        .def_readonly("content", &ChatMessage::content);
+}
+
+}  // namespace fastpar::python

@@ -1,0 +1,52 @@
+"""fastpar: many prompts through one llama.cpp model at once.
+
+    import fastpar
+    model = fastpar.Model(fastpar.default_model_path())
+    ctx = fastpar.Context(model, n_parallel=8)
+    for c in fastpar.generate_parallel(ctx, ["The capital of France is", "2 + 2 ="], max_tokens=16):
+        print(c.finish_reason, c.text)
+"""
+
+from ._api import Context, Model, generate_parallel
+from ._core import Completion, FastparError, ModelLoadError, Stats
+from ._core import backend as _backend
+from ._models import default_model_path
+from ._version import __version__
+
+__all__ = [
+    "Completion",
+    "Context",
+    "FastparError",
+    "Model",
+    "ModelLoadError",
+    "Stats",
+    "__version__",
+    "backend",
+    "default_model_path",
+    "generate_parallel",
+    "get_include",
+    "get_library",
+]
+
+
+def backend() -> str:
+    """The backend the native library was built for: ``"cpu"``, ``"cuda"`` or ``"metal"``."""
+    return _backend()
+
+
+def get_include() -> str:
+    """Folder holding ``fastpar.h``, for C and FFI consumers."""
+    import pathlib
+
+    return str(pathlib.Path(__file__).parent / "include")
+
+
+def get_library() -> str:
+    """Path of the shared library ``libfastpar`` that implements ``fastpar.h``."""
+    import pathlib
+
+    here = pathlib.Path(__file__).parent
+    for name in ("libfastpar.so", "libfastpar.dylib", "fastpar.dll"):
+        if (here / name).is_file():
+            return str(here / name)
+    raise FileNotFoundError(f"libfastpar is not installed next to {here}")

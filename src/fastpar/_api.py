@@ -1,0 +1,236 @@
+"""The Python surface: argument checking and conversion, then one call into the core.
+
+Every default below is read from the C++ option structs (``_core.*Params()``), the one
+source of truth; nothing here retypes a default value.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping, Sequence
+from typing import List, Optional, Union
+
+from . import _core
+
+__all__ = ["Model", "Context", "generate_parallel", "Prompt"]
+
+_MODEL_DEFAULTS = _core.ModelParams()
+_CONTEXT_DEFAULTS = _core.ContextParams()
+_GENERATE_DEFAULTS = _core.GenerateParams()
+
+Message = Mapping[str, str]
+Prompt = Union[str, Sequence[Message]]
+
+
+def _int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    return value
+
+
+def _float(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
+    value = float(value)
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value}")
+    return value
+
+
+def _bool(name: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+    return value
+
+
+class Model:
+    """A GGUF model loaded with llama.cpp; share one between several contexts.
+
+    Raises ``FileNotFoundError`` for a missing file, ``fastpar.ModelLoadError`` for a file
+    llama.cpp cannot load (truncated, not GGUF, unsupported architecture), ``ValueError``
+    for bad options (e.g. GPU layers in a CPU-only build).
+    """
+
+    def __init__(self, path: Union[str, os.PathLike], *, n_gpu_layers: int = _MODEL_DEFAULTS.n_gpu_layers,
+                 use_mmap: bool = _MODEL_DEFAULTS.use_mmap) -> None:
+        if not isinstance(path, (str, os.PathLike)):
+            raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__}")
+        params = _core.ModelParams()
+        params.n_gpu_layers = _int("n_gpu_layers", n_gpu_layers)
+        params.use_mmap = _bool("use_mmap", use_mmap)
+        self._model = _core.Model(os.fspath(path), params)
+
+    @property
+    def path(self) -> str:
+        return self._model.path
+
+    @property
+    def n_vocab(self) -> int:
+        return self._model.n_vocab
+
+    @property
+    def n_ctx_train(self) -> int:
+        return self._model.n_ctx_train
+
+    @property
+    def description(self) -> str:
+        return self._model.description
+
+    def tokenize(self, text: str) -> List[int]:
+        """Token ids of ``text`` as generation feeds them (BOS rules applied, special tokens parsed)."""
+        if not isinstance(text, str):
+            raise TypeError(f"text must be a str, got {type(text).__name__}")
+        return self._model.tokenize(text)
+
+    def apply_chat_template(self, messages: Sequence[Message]) -> str:
+        """``messages`` rendered with the model's own chat template, assistant turn opened."""
+        return self._model.apply_chat_template(_messages(messages, "messages"))
+
+    def __repr__(self) -> str:
+        return f"fastpar.Model({self.path!r}, {self.description!r})"
+
+
+class Context:
+    """A llama.cpp context with ``n_parallel`` slots over one model.
+
+    ``n_ctx_per_seq`` is what ONE prompt plus its generation may use; the KV cache holds
+    ``n_parallel x n_ctx_per_seq`` positions. ``n_batch`` (default: the larger of 512 and
+    ``n_parallel``) caps the tokens of one decode call; longer prompts are fed in chunks.
+    ``n_threads=None`` uses one thread per hardware thread. Calls on one context from
+    several threads take turns; separate contexts of one model run in parallel.
+    """
+
+    def __init__(self, model: Model, *, n_parallel: int = _CONTEXT_DEFAULTS.n_parallel,
+                 n_ctx_per_seq: int = _CONTEXT_DEFAULTS.n_ctx_per_seq, n_batch: Optional[int] = None,
+                 n_threads: Optional[int] = None, kv_unified: bool = _CONTEXT_DEFAULTS.kv_unified) -> None:
+        if not isinstance(model, Model):
+            raise TypeError(f"model must be a fastpar.Model, got {type(model).__name__}")
+        params = _core.ContextParams()
+        params.n_parallel = _int("n_parallel", n_parallel)
+        params.n_ctx_per_seq = _int("n_ctx_per_seq", n_ctx_per_seq)
+        params.n_batch = (max(_CONTEXT_DEFAULTS.n_batch, params.n_parallel) if n_batch is None
+                          else _int("n_batch", n_batch))
+        params.n_threads = _CONTEXT_DEFAULTS.n_threads if n_threads is None else _int("n_threads", n_threads)
+        if n_threads is not None and n_threads < 1:
+            raise ValueError(f"n_threads must be positive (or None for one per hardware thread), got {n_threads}")
+        params.kv_unified = _bool("kv_unified", kv_unified)
+        self.model = model
+        self._ctx = _core.Context(model._model, params)
+
+    @property
+    def n_parallel(self) -> int:
+        return self._ctx.n_parallel
+
+    @property
+    def n_ctx_per_seq(self) -> int:
+        return self._ctx.n_ctx_per_seq
+
+    @property
+    def n_batch(self) -> int:
+        return self._ctx.n_batch
+
+    @property
+    def n_threads(self) -> int:
+        return self._ctx.n_threads
+
+    @property
+    def last_stats(self) -> Optional[_core.Stats]:
+        """Statistics of the last ``generate_parallel`` call on this context."""
+        return self._ctx.last_stats
+
+    def kv_seq_pos_max(self) -> List[int]:
+        """Highest KV position each slot holds; all ``-1`` between calls."""
+        return self._ctx.seq_pos_max()
+
+    def __repr__(self) -> str:
+        return (f"fastpar.Context(n_parallel={self.n_parallel}, n_ctx_per_seq={self.n_ctx_per_seq}, "
+                f"n_batch={self.n_batch}, n_threads={self.n_threads})")
+
+
+def _messages(messages: object, where: str) -> List[_core.ChatMessage]:
+    if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
+        raise TypeError(f"{where} must be a list of {{'role', 'content'}} dicts")
+    out = []
+    for j, m in enumerate(messages):
+        if not isinstance(m, Mapping) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+            raise TypeError(f"{where}[{j}] must be a dict with str 'role' and 'content', got {m!r}")
+        out.append(_core.ChatMessage(m["role"], m["content"]))
+    return out
+
+
+def _prompts(prompts: object) -> list:
+    if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence):
+        raise TypeError("prompts must be a list of str (or of chat-message lists), "
+                        f"got {type(prompts).__name__}")
+    out = []
+    for i, p in enumerate(prompts):
+        if isinstance(p, str):
+            out.append(p)
+        elif isinstance(p, Sequence) and not isinstance(p, (bytes, bytearray)):
+            out.append(_messages(p, f"prompts[{i}]"))
+        else:
+            raise TypeError(f"prompts[{i}] must be a str or a list of chat messages, got {type(p).__name__}")
+    return out
+
+
+def generate_parallel(
+    ctx: Context,
+    prompts: Sequence[Prompt],
+    *,
+    max_tokens: int = _GENERATE_DEFAULTS.max_tokens,
+    temperature: float = _GENERATE_DEFAULTS.temperature,
+    top_k: int = _GENERATE_DEFAULTS.top_k,
+    top_p: float = _GENERATE_DEFAULTS.top_p,
+    min_p: float = _GENERATE_DEFAULTS.min_p,
+    repeat_penalty: float = _GENERATE_DEFAULTS.repeat_penalty,
+    presence_penalty: float = _GENERATE_DEFAULTS.presence_penalty,
+    frequency_penalty: float = _GENERATE_DEFAULTS.frequency_penalty,
+    repeat_last_n: int = _GENERATE_DEFAULTS.repeat_last_n,
+    seed: Optional[int] = None,
+    stop: Union[None, str, Sequence[str]] = None,
+    ignore_eos: bool = _GENERATE_DEFAULTS.ignore_eos,
+) -> List[_core.Completion]:
+    """Generate a completion for every prompt in one unified batch; results in input order.
+
+    A prompt is a ``str`` (raw text; special tokens in it are parsed) or a list of
+    ``{"role": ..., "content": ...}`` messages rendered with the model's chat template.
+    Every prompt gets its own sequence, sampler and KV cells: its output does not depend
+    on its batch-mates. More prompts than ``ctx.n_parallel`` are queued and fill slots
+    as they free up.
+
+    ``temperature=0`` is greedy. ``seed`` (None = random) seeds every prompt's sampler
+    alike, so a prompt's output does not depend on its position in the list. ``stop``
+    strings end a completion before the first match (the match is not in ``text``).
+
+    A prompt that cannot be served (too long for ``n_ctx_per_seq``, empty after
+    tokenization, ...) gets ``finish_reason == "error"`` and a message in ``error``;
+    the others complete normally. Bad arguments raise ``TypeError``/``ValueError``
+    before any work. The GIL is released while generating; Ctrl-C cancels the call
+    and leaves the context clean.
+    """
+    if not isinstance(ctx, Context):
+        raise TypeError(f"ctx must be a fastpar.Context, got {type(ctx).__name__}")
+    converted = _prompts(prompts)
+    params = _core.GenerateParams()
+    params.max_tokens = _int("max_tokens", max_tokens)
+    params.temperature = _float("temperature", temperature)
+    params.top_k = _int("top_k", top_k)
+    params.top_p = _float("top_p", top_p)
+    params.min_p = _float("min_p", min_p)
+    params.repeat_penalty = _float("repeat_penalty", repeat_penalty)
+    params.presence_penalty = _float("presence_penalty", presence_penalty)
+    params.frequency_penalty = _float("frequency_penalty", frequency_penalty)
+    params.repeat_last_n = _int("repeat_last_n", repeat_last_n)
+    if seed is not None:
+        seed = _int("seed", seed)
+        if not 0 <= seed < 2**32:
+            raise ValueError(f"seed must be in [0, 2**32) or None, got {seed}")
+        params.seed = seed
+    if stop is not None:
+        stops = [stop] if isinstance(stop, str) else stop
+        if not isinstance(stops, Sequence) or not all(isinstance(s, str) for s in stops):
+            raise TypeError("stop must be a str or a list of str")
+        params.stop = list(stops)
+    params.ignore_eos = _bool("ignore_eos", ignore_eos)
+    return ctx._ctx.generate(converted, params)
