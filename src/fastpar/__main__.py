@@ -1,0 +1,69 @@
+"""Command line: ``python -m fastpar demo`` (or the ``fastpar`` console script)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import List, Optional
+
+DEMO_QUESTIONS = [
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "Give me three tips for sleeping better.",
+    "Explain photosynthesis in one sentence.",
+    "What is 12 times 12?",
+    "Name three primary colors.",
+    "Suggest a name for a friendly robot.",
+    "Why is the sky blue?",
+]
+
+
+def _demo(args: argparse.Namespace) -> int:
+    import fastpar
+
+    path = args.model or fastpar.default_model_path()
+    model = fastpar.Model(path)
+    ctx = fastpar.Context(model, n_parallel=args.n_parallel, n_ctx_per_seq=args.n_ctx_per_seq,
+                          n_threads=args.n_threads)
+    prompts = [[{"role": "user", "content": q}] for q in DEMO_QUESTIONS]
+    results = fastpar.generate_parallel(ctx, prompts, max_tokens=args.max_tokens, temperature=args.temperature,
+                                        seed=args.seed)
+    print(f"fastpar {fastpar.__version__} ({fastpar.backend()}): {len(prompts)} prompts in one call, "
+          f"n_parallel={ctx.n_parallel}, model {model.description}\n")
+    for question, c in zip(DEMO_QUESTIONS, results):
+        print(f"Q: {question}")
+        answer = c.text.strip() if c.finish_reason != "error" else f"<error: {c.error}>"
+        print(f"A: {answer}")
+        print(f"   [{c.finish_reason}, {c.n_prompt_tokens} prompt + {c.n_gen_tokens} generated tokens]\n")
+    s = ctx.last_stats
+    print("stats:")
+    print(f"  prompt tokens     {s.n_prompt_tokens:8d}   {s.t_prompt_ms:9.1f} ms   {s.prompt_tokens_per_s:8.1f} tok/s")
+    print(f"  generated tokens  {s.n_gen_tokens:8d}   {s.t_gen_ms:9.1f} ms   {s.gen_tokens_per_s:8.1f} tok/s")
+    print(f"  wall              {'':8s}   {s.t_wall_ms:9.1f} ms   {s.total_tokens_per_s:8.1f} tok/s in all")
+    print(f"  decode calls {s.n_decode_calls}, KV-full retries {s.n_kv_full_retries}, failed prompts {s.n_failed}")
+    return 0 if s.n_failed == 0 else 1
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="fastpar", description="Many prompts through one llama.cpp model at once.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    demo = sub.add_parser("demo", help="answer 8 chat prompts in one call on the default model and print the stats")
+    demo.add_argument("--model", help="GGUF file (default: the default model, fetched on first use)")
+    demo.add_argument("--n-parallel", type=int, default=8)
+    demo.add_argument("--n-ctx-per-seq", type=int, default=1024)
+    demo.add_argument("--n-threads", type=int, default=None)
+    demo.add_argument("--max-tokens", type=int, default=96)
+    demo.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    demo.add_argument("--seed", type=int, default=None)
+    sub.add_parser("version", help="print the version and backend")
+    args = parser.parse_args(argv)
+    if args.command == "demo":
+        return _demo(args)
+    import fastpar
+
+    print(f"fastpar {fastpar.__version__} ({fastpar.backend()})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

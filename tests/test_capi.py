@@ -1,0 +1,47 @@
+"""The C ABI from a C program compiled against the installed header and library."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import shutil
+import subprocess
+
+import pytest
+
+import fastpar
+
+HERE = pathlib.Path(__file__).parent
+
+
+@pytest.fixture(scope="module")
+def capi_binary(tmp_path_factory):
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    assert cc, "a C compiler is needed to test the C ABI"
+    lib = pathlib.Path(fastpar.get_library())
+    out = tmp_path_factory.mktemp("capi") / "capi_check"
+    cmd = [cc, "-std=c11", "-Wall", "-Wextra", "-Werror", str(HERE / "c" / "capi_check.c"),
+           f"-I{fastpar.get_include()}", f"-L{lib.parent}", "-lfastpar", f"-Wl,-rpath,{lib.parent}", "-o", str(out)]
+    subprocess.run(cmd, check=True)
+    return out
+
+
+@pytest.fixture(scope="module")
+def capi_run(capi_binary, model):
+    return subprocess.run([str(capi_binary), model.path], capture_output=True, text=True, timeout=300)
+
+
+def test_c_program_generates_with_per_prompt_status(capi_run):
+    assert capi_run.returncode == 0, capi_run.stdout + capi_run.stderr
+    lines = capi_run.stdout.splitlines()
+    assert lines[-1] == "capi: ok"
+    assert lines[0] == f"capi: version {fastpar.__version__} backend {fastpar.backend()}"
+    assert sum("finish 2" in line for line in lines) == 1  # exactly the long prompt failed
+
+
+def test_c_and_python_agree(capi_run, model):
+    ctx = fastpar.Context(model, n_parallel=4, n_ctx_per_seq=128)
+    (c,) = fastpar.generate_parallel(ctx, ["The capital of France is"], max_tokens=16, temperature=0.0)
+    line = next(ln for ln in capi_run.stdout.splitlines() if ln.startswith("capi: prompt 0 "))
+    c_tokens = [int(t) for t in line.split(" tokens ")[1].split(" | ")[0].split()]
+    assert c_tokens == c.token_ids

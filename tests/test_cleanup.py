@@ -1,0 +1,51 @@
+"""Cleanup: after every call, however it ended, the context holds nothing of it."""
+
+from __future__ import annotations
+
+import _thread
+import threading
+
+import pytest
+
+import fastpar
+from conftest import GREEDY, PROMPTS, assert_clean
+
+
+def test_cleanup_after_success_and_repeat_is_identical(model):
+    ctx = fastpar.Context(model, n_parallel=4, n_ctx_per_seq=256)
+    first = fastpar.generate_parallel(ctx, PROMPTS, max_tokens=24, **GREEDY)
+    assert_clean(ctx)
+    second = fastpar.generate_parallel(ctx, PROMPTS, max_tokens=24, **GREEDY)
+    assert_clean(ctx)
+    assert [c.token_ids for c in first] == [c.token_ids for c in second]
+
+
+def test_cleanup_after_per_prompt_error(model):
+    ctx = fastpar.Context(model, n_parallel=4, n_ctx_per_seq=128)
+    results = fastpar.generate_parallel(ctx, ["word " * 300, PROMPTS[0], "", PROMPTS[1]], max_tokens=16, **GREEDY)
+    assert [c.finish_reason for c in results][0] == "error"
+    assert results[2].finish_reason == "error"
+    assert_clean(ctx)
+    fresh = fastpar.Context(model, n_parallel=4, n_ctx_per_seq=128)
+    again = fastpar.generate_parallel(ctx, PROMPTS[:4], max_tokens=16, **GREEDY)
+    expected = fastpar.generate_parallel(fresh, PROMPTS[:4], max_tokens=16, **GREEDY)
+    assert [c.token_ids for c in again] == [c.token_ids for c in expected]
+
+
+def test_cleanup_after_keyboard_interrupt(model):
+    ctx = fastpar.Context(model, n_parallel=4, n_ctx_per_seq=512)
+    timer = threading.Timer(0.5, _thread.interrupt_main)
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            # Long enough (thousands of tokens) that the interrupt lands mid-generation.
+            fastpar.generate_parallel(ctx, PROMPTS * 4, max_tokens=400, ignore_eos=True, **GREEDY)
+    finally:
+        timer.cancel()
+    assert_clean(ctx)
+    stats = ctx.last_stats
+    assert 0 < stats.n_gen_tokens < 32 * 400  # it stopped part-way
+    fresh = fastpar.Context(model, n_parallel=4, n_ctx_per_seq=512)
+    again = fastpar.generate_parallel(ctx, PROMPTS[:4], max_tokens=16, **GREEDY)
+    expected = fastpar.generate_parallel(fresh, PROMPTS[:4], max_tokens=16, **GREEDY)
+    assert [c.token_ids for c in again] == [c.token_ids for c in expected]

@@ -1,0 +1,102 @@
+"""Error isolation: a bad prompt fails alone; a bad call raises before any work."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+import fastpar
+from conftest import GREEDY, PROMPTS, assert_clean
+
+TOO_LONG = "word " * 400  # about 400 tokens, over n_ctx_per_seq=256
+
+
+def test_error_isolation_too_long_prompt_fails_alone(model):
+    ctx = fastpar.Context(model, n_parallel=8, n_ctx_per_seq=256)
+    good = PROMPTS[:7]
+    reference = fastpar.generate_parallel(ctx, good, max_tokens=32, **GREEDY)
+    assert_clean(ctx)
+    mixed = good[:3] + [TOO_LONG] + good[3:]
+    results = fastpar.generate_parallel(ctx, mixed, max_tokens=32, **GREEDY)
+    bad = results[3]
+    assert bad.finish_reason == "error"
+    assert "n_ctx_per_seq=256" in bad.error and "tokens" in bad.error
+    assert bad.text == "" and bad.token_ids == []
+    others = results[:3] + results[4:]
+    assert [c.token_ids for c in others] == [c.token_ids for c in reference]
+    assert all(c.error is None for c in others)
+    assert ctx.last_stats.n_failed == 1
+    assert_clean(ctx)
+
+
+def test_empty_prompt_is_a_per_prompt_error(model):
+    ctx = fastpar.Context(model, n_parallel=2, n_ctx_per_seq=256)
+    empty, ok = fastpar.generate_parallel(ctx, ["", "The capital of France is"], max_tokens=8, **GREEDY)
+    # SmolLM2 adds no BOS token, so "" has no tokens to continue (documented in the README).
+    assert empty.finish_reason == "error" and "empty" in empty.error
+    assert ok.finish_reason in ("stop", "length") and ok.n_gen_tokens > 0
+    assert_clean(ctx)
+
+
+def test_empty_list_gives_empty_list(model):
+    ctx = fastpar.Context(model, n_parallel=2, n_ctx_per_seq=256)
+    assert fastpar.generate_parallel(ctx, []) == []
+    assert ctx.last_stats.n_prompts == 0
+
+
+@pytest.mark.parametrize("prompts", [[1, "ok"], ["ok", None], "a string, not a list", [b"bytes"],
+                                     [[{"role": "user"}]], [[{"role": "user", "content": 5}]]])
+def test_bad_prompt_types_raise_type_error(model, prompts):
+    ctx = fastpar.Context(model, n_parallel=2, n_ctx_per_seq=256)
+    with pytest.raises(TypeError):
+        fastpar.generate_parallel(ctx, prompts)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(temperature=math.nan), "temperature"),
+    (dict(temperature=-1.0), "temperature"),
+    (dict(max_tokens=-1), "max_tokens"),
+    (dict(top_p=0.0), "top_p"),
+    (dict(top_p=1.5), "top_p"),
+    (dict(min_p=-0.1), "min_p"),
+    (dict(top_k=-3), "top_k"),
+    (dict(repeat_penalty=0.0), "repeat_penalty"),
+    (dict(presence_penalty=math.inf), "presence_penalty"),
+    (dict(seed=-5), "seed"),
+    (dict(stop=[""]), "stop"),
+])
+def test_bad_generation_options_raise_value_error(model, kwargs, match):
+    ctx = fastpar.Context(model, n_parallel=2, n_ctx_per_seq=256)
+    with pytest.raises(ValueError, match=match):
+        fastpar.generate_parallel(ctx, ["hello"], **kwargs)
+    assert ctx.last_stats.n_prompts == 0  # nothing ran
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(n_parallel=0), "n_parallel"),
+    (dict(n_parallel=257), "n_parallel"),
+    (dict(n_ctx_per_seq=1), "n_ctx_per_seq"),
+    (dict(n_parallel=8, n_batch=4), "n_batch"),
+    (dict(n_threads=0), "n_threads"),
+])
+def test_bad_context_options_raise_value_error(model, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        fastpar.Context(model, **kwargs)
+
+
+def test_wrong_option_types_raise_type_error(model):
+    with pytest.raises(TypeError, match="n_parallel"):
+        fastpar.Context(model, n_parallel="8")
+    ctx = fastpar.Context(model, n_parallel=1, n_ctx_per_seq=256)
+    with pytest.raises(TypeError, match="max_tokens"):
+        fastpar.generate_parallel(ctx, ["hi"], max_tokens=1.5)
+    with pytest.raises(TypeError, match="ctx"):
+        fastpar.generate_parallel(model, ["hi"])
+
+
+def test_gpu_layers_in_cpu_build_say_so(model):
+    if fastpar.backend() != "cpu":
+        pytest.skip("only a CPU build refuses GPU layers")
+    with pytest.raises(ValueError, match="without a GPU backend"):
+        fastpar.Model(model.path, n_gpu_layers=10)

@@ -1,0 +1,93 @@
+"""Generation options: stop strings, max_tokens, finish reasons, chat prompts, stats."""
+
+from __future__ import annotations
+
+import pytest
+
+import fastpar
+from conftest import GREEDY, PROMPTS, assert_clean
+
+
+def test_max_tokens_gives_length(model):
+    ctx = fastpar.Context(model, n_parallel=4, n_ctx_per_seq=256)
+    results = fastpar.generate_parallel(ctx, PROMPTS[:4], max_tokens=5, ignore_eos=True, **GREEDY)
+    for c in results:
+        assert c.finish_reason == "length"
+        assert c.n_gen_tokens == 5 == len(c.token_ids)
+
+
+def test_max_tokens_zero_decodes_nothing(model):
+    ctx = fastpar.Context(model, n_parallel=2, n_ctx_per_seq=256)
+    (c,) = fastpar.generate_parallel(ctx, ["hello"], max_tokens=0)
+    assert (c.finish_reason, c.text, c.n_gen_tokens, c.n_prompt_tokens) == ("length", "", 0, 0)
+    assert ctx.last_stats.n_decode_calls == 0
+
+
+def test_context_full_gives_length(model):
+    ctx = fastpar.Context(model, n_parallel=2, n_ctx_per_seq=32)
+    prompt = "The capital of France is"
+    (c,) = fastpar.generate_parallel(ctx, [prompt], max_tokens=1000, ignore_eos=True, **GREEDY)
+    assert c.finish_reason == "length"
+    assert c.n_prompt_tokens + c.n_gen_tokens == 33  # every position used, plus the last sampled token
+    assert_clean(ctx)
+
+
+def test_eos_gives_stop_and_is_not_in_output(model):
+    ctx = fastpar.Context(model, n_parallel=1, n_ctx_per_seq=512)
+    chat = [{"role": "user", "content": "What is the capital of France?"}]
+    (c,) = fastpar.generate_parallel(ctx, [chat], max_tokens=64, **GREEDY)
+    assert c.finish_reason == "stop"
+    assert "Paris" in c.text
+    assert "<|im_end|>" not in c.text
+    assert c.n_gen_tokens == len(c.token_ids) < 64
+
+
+def test_stop_string_truncates_text(model):
+    ctx = fastpar.Context(model, n_parallel=2, n_ctx_per_seq=256)
+    prompt = "Count: 1, 2, 3, 4,"
+    (full,) = fastpar.generate_parallel(ctx, [prompt], max_tokens=24, ignore_eos=True, **GREEDY)
+    assert " 7" in full.text, full.text
+    (cut,) = fastpar.generate_parallel(ctx, [prompt], max_tokens=24, stop=[" 7", "never"], **GREEDY)
+    assert cut.finish_reason == "stop"
+    assert cut.text == full.text[: full.text.index(" 7")]
+    assert cut.n_gen_tokens < full.n_gen_tokens
+    (one,) = fastpar.generate_parallel(ctx, [prompt], max_tokens=24, stop=" 7", **GREEDY)
+    assert one.text == cut.text
+
+
+def test_chat_prompts_use_the_model_template(model):
+    messages = [{"role": "system", "content": "You are a helpful assistant."},
+                {"role": "user", "content": "Name a fruit that is yellow."}]
+    rendered = model.apply_chat_template(messages)
+    assert "<|im_start|>user\nName a fruit that is yellow.<|im_end|>" in rendered
+    assert rendered.endswith("<|im_start|>assistant\n")
+    ctx = fastpar.Context(model, n_parallel=2, n_ctx_per_seq=512)
+    as_chat, as_text = fastpar.generate_parallel(ctx, [messages, rendered], max_tokens=32, **GREEDY)
+    assert as_chat.token_ids == as_text.token_ids
+    assert as_chat.n_prompt_tokens == len(model.tokenize(rendered))
+    assert as_chat.n_gen_tokens > 0 and as_chat.text.strip()
+
+
+def test_stats_equal_sums_over_completions(model):
+    ctx = fastpar.Context(model, n_parallel=4, n_ctx_per_seq=256)
+    results = fastpar.generate_parallel(ctx, PROMPTS, max_tokens=20, **GREEDY)
+    s = ctx.last_stats
+    assert s.n_prompts == len(PROMPTS)
+    assert s.n_prompt_tokens == sum(c.n_prompt_tokens for c in results)
+    assert s.n_gen_tokens == sum(c.n_gen_tokens for c in results)
+    assert s.n_prompt_tokens == sum(len(model.tokenize(p)) for p in PROMPTS)
+    assert s.n_failed == 0 and s.n_kv_full_retries == 0
+    assert s.n_decode_calls >= 20  # at least one call per generated position
+    assert s.t_prompt_ms > 0 and s.t_gen_ms > 0 and s.t_wall_ms >= s.t_prompt_ms + s.t_gen_ms
+    assert s.gen_tokens_per_s == pytest.approx(s.n_gen_tokens / (s.t_gen_ms / 1000))
+    assert s.prompt_tokens_per_s > 0 and s.total_tokens_per_s > 0
+
+
+def test_unicode_output_is_valid_text(model):
+    ctx = fastpar.Context(model, n_parallel=3, n_ctx_per_seq=256)
+    prompts = ["日本の首都は", "Emoji party: 🎉🎊", "Ünïcödé façade naïve"]
+    results = fastpar.generate_parallel(ctx, prompts, max_tokens=24, ignore_eos=True, **GREEDY)
+    for c in results:
+        assert isinstance(c.text, str)
+        c.text.encode("utf-8")  # a str made from valid UTF-8; never raises
+        assert c.n_gen_tokens == 24
