@@ -32,7 +32,8 @@ def test_gil_released_other_thread_progresses(model):
     # With the GIL held for the whole call the spinner would get (almost) no turns;
     # a free GIL lets it tick about once per millisecond.
     assert elapsed > 0.2
-    assert ticks > 0.3 * elapsed * 1000, (ticks, elapsed)
+    # (Held, it would get a turn only at the 50 ms signal polls: about 0.02 per ms.)
+    assert ticks > 0.1 * elapsed * 1000, (ticks, elapsed)
 
 
 def test_two_threads_on_one_context_take_turns(model, solo):
