@@ -91,3 +91,32 @@ def test_unicode_output_is_valid_text(model):
         assert isinstance(c.text, str)
         c.text.encode("utf-8")  # a str made from valid UTF-8; never raises
         assert c.n_gen_tokens == 24
+
+
+def test_on_completion_called_once_per_prompt(model):
+    ctx = fastpar.Context(model, n_parallel=3, n_ctx_per_seq=256)
+    seen = []
+    results = fastpar.generate_parallel(ctx, PROMPTS, max_tokens=12, on_completion=lambda i, c: seen.append((i, c)),
+                                        **GREEDY)
+    assert sorted(i for i, _ in seen) == list(range(len(PROMPTS)))
+    for i, c in seen:
+        assert c.token_ids == results[i].token_ids and c.finish_reason == results[i].finish_reason
+
+
+def test_on_completion_error_cancels_the_rest_and_propagates(model):
+    ctx = fastpar.Context(model, n_parallel=2, n_ctx_per_seq=256)
+
+    def boom(i, c):
+        raise RuntimeError(f"callback failed on {i}")
+
+    with pytest.raises(RuntimeError, match="callback failed"):
+        fastpar.generate_parallel(ctx, PROMPTS, max_tokens=12, on_completion=boom, **GREEDY)
+    assert_clean(ctx)
+
+
+def test_progress_bar_reports_prompts_and_speed(model, capsys):
+    ctx = fastpar.Context(model, n_parallel=4, n_ctx_per_seq=256)
+    results = fastpar.generate_parallel(ctx, PROMPTS, max_tokens=8, progress=True, **GREEDY)
+    err = capsys.readouterr().err
+    assert f"{len(PROMPTS)}/{len(PROMPTS)}" in err and "gen tok/s" in err
+    assert len(results) == len(PROMPTS)

@@ -63,6 +63,8 @@ Context::Context(std::shared_ptr<const Model> model, const ContextParams & param
     const auto actual = static_cast<int32_t>(params_.kv_unified ? llama_n_ctx(ctx_) : llama_n_ctx_seq(ctx_));
     n_ctx_seq_ = std::min(params_.n_ctx_per_seq, actual);
     batch_ = llama_batch_init(params_.n_batch, 0, 1);
+    llama_set_abort_callback(
+        ctx_, [](void * data) { return static_cast<std::atomic<bool> *>(data)->load(); }, &abort_);
 }
 
 Context::~Context() {
@@ -72,8 +74,23 @@ Context::~Context() {
     }
 }
 
+void Context::with_scheduler(Stats & stats, const std::function<void(Scheduler &)> & body) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    Scheduler scheduler(*model_, ctx_, batch_, params_.n_parallel, params_.n_batch, n_ctx_seq_, stats);
+    try {
+        body(scheduler);
+    } catch (...) {
+        scheduler.cancel_all();  // the context keeps nothing of this call
+        abort_.store(false);
+        throw;
+    }
+    scheduler.cancel_all();
+    abort_.store(false);
+}
+
 std::vector<Completion> Context::generate(const std::vector<Prompt> & prompts, const GenerateParams & params,
-                                          const std::function<bool()> & interrupt) {
+                                          const std::function<bool()> & interrupt,
+                                          const std::function<void(size_t, const Completion &)> & on_completion) {
     validate(params);
     for (const auto & p : prompts) {
         if (p.is_chat && !model_->has_chat_template()) {
@@ -81,8 +98,6 @@ std::vector<Completion> Context::generate(const std::vector<Prompt> & prompts, c
                                   "' has no chat template; pass prompts as plain strings");
         }
     }
-    std::lock_guard<std::mutex> lock(mutex_);
-    using Clock = std::chrono::steady_clock;
     const auto t0 = Clock::now();
     Stats stats;
     stats.n_prompts = static_cast<int64_t>(prompts.size());
@@ -92,41 +107,54 @@ std::vector<Completion> Context::generate(const std::vector<Prompt> & prompts, c
 
     auto finish_stats = [&] {
         stats.t_wall_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+        std::lock_guard<std::mutex> lock(stats_mutex_);
         last_stats_ = stats;
 #ifdef FASTPAR_DEBUG
         print_stats(stats);
 #endif
     };
-    {
-        Scheduler scheduler(*model_, ctx_, batch_, params_.n_parallel, params_.n_batch, n_ctx_seq_, stats);
-        for (size_t i = 0; i < prompts.size(); ++i) {
-            scheduler.enqueue(Request{prompts[i], shared_params, seed,
-                                      [&results, i](Completion && c) { results[i] = std::move(c); }});
-        }
-        try {
+    try {
+        with_scheduler(stats, [&](Scheduler & scheduler) {
+            for (size_t i = 0; i < prompts.size(); ++i) {
+                Request request;
+                request.prompt = prompts[i];
+                request.params = shared_params;
+                request.seed = seed;
+                request.t_submit = t0;
+                request.on_done = [&results, &on_completion, i](Completion && c) {
+                    results[i] = std::move(c);
+                    if (on_completion) {
+                        on_completion(i, results[i]);
+                    }
+                };
+                scheduler.enqueue(std::move(request));
+            }
             while (!scheduler.idle()) {
                 if (interrupt && interrupt()) {
                     throw Interrupted();
                 }
                 scheduler.step();
             }
-        } catch (...) {
-            scheduler.cancel_all();  // the context keeps nothing of this call
-            finish_stats();
-            throw;
-        }
+        });
+    } catch (...) {
+        finish_stats();
+        throw;
     }
     finish_stats();
     return results;
 }
 
 Stats Context::last_stats() const {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::lock_guard<std::mutex> lock(stats_mutex_);
     return last_stats_;
 }
 
 std::vector<int32_t> Context::seq_pos_max() const {
     std::lock_guard<std::mutex> lock(mutex_);
+    return seq_pos_max_unlocked();
+}
+
+std::vector<int32_t> Context::seq_pos_max_unlocked() const {
     std::vector<int32_t> out;
     llama_memory_t mem = llama_get_memory(ctx_);
     for (int32_t s = 0; s < params_.n_parallel; ++s) {

@@ -2,6 +2,7 @@
 // concurrent generate calls on one Context take turns.
 #pragma once
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -26,12 +27,23 @@ public:
     // `interrupt` is polled between steps: when it returns true, every unfinished prompt
     // is cancelled, the KV cache is cleared and Interrupted is thrown. Concurrent calls
     // on one Context are serialised.
+    // `on_completion(i, completion)`, when given, is called as each prompt finishes.
     std::vector<Completion> generate(const std::vector<Prompt> & prompts, const GenerateParams & params,
-                                     const std::function<bool()> & interrupt = {});
+                                     const std::function<bool()> & interrupt = {},
+                                     const std::function<void(size_t, const Completion &)> & on_completion = {});
+
+    // Gives `body` a Scheduler over this context, with exclusive use of it until `body`
+    // returns (the Engine's worker holds it for its whole life). Whatever the scheduler
+    // still holds afterwards, even after an exception, is cancelled and its KV removed.
+    void with_scheduler(Stats & stats, const std::function<void(class Scheduler &)> & body);
+    // Makes a running llama_decode return early (llama.cpp's abort callback; CPU backend).
+    void set_abort(bool abort) { abort_.store(abort); }
 
     Stats last_stats() const;
     // llama_memory_seq_pos_max for every slot: all -1 when nothing is held.
     std::vector<int32_t> seq_pos_max() const;
+    // The same, for code already inside with_scheduler's body (which holds the lock).
+    std::vector<int32_t> seq_pos_max_unlocked() const;
 
     const ContextParams & params() const { return params_; }
     // Positions one sequence may really use (n_ctx_per_seq, or less if llama.cpp gave less).
@@ -46,8 +58,10 @@ private:
     llama_batch batch_{};
     int32_t n_ctx_seq_ = 0;
     int32_t n_threads_ = 0;
-    mutable std::mutex mutex_;  // one generate at a time; guards last_stats_
+    mutable std::mutex mutex_;  // one generate at a time
+    mutable std::mutex stats_mutex_;
     Stats last_stats_;
+    std::atomic<bool> abort_{false};
 };
 
 }  // namespace fastpar

@@ -65,6 +65,9 @@ struct Completion {
     std::string error;                // empty unless finish_reason == Error
     int32_t n_prompt_tokens = 0;      // prompt tokens decoded for this prompt
     int32_t n_gen_tokens = 0;         // == token_ids.size()
+    double t_queued_ms = 0;           // submitted -> admitted into a slot
+    double t_first_token_ms = 0;      // submitted -> first token sampled (0 = none was)
+    double t_total_ms = 0;            // submitted -> finished
 };
 
 // Per-call statistics. Each llama_decode call's time is split between prompt and

@@ -9,8 +9,6 @@
 namespace fastpar {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
 double ms_since(Clock::time_point t0) {
     return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
 }
@@ -40,6 +38,8 @@ struct Scheduler::Slot {
     llama_token pending = -1;  // sampled token still to be fed
     SamplerPtr sampler;
     std::string bytes;         // generated text so far, raw bytes
+    size_t n_emitted = 0;      // bytes of `bytes` already streamed through on_text
+    std::string emitted;       // the text streamed so far (sanitised)
     Completion completion;
     // Set while building a batch:
     int32_t n_plan = 0;        // tokens this slot adds to the batch
@@ -74,7 +74,29 @@ void Scheduler::complete_unstarted(Request & request, FinishReason reason, const
     Completion c;
     c.finish_reason = reason;
     c.error = error;
+    c.t_queued_ms = c.t_total_ms = ms_since(request.t_submit);
     request.on_done(std::move(c));
+}
+
+size_t Scheduler::n_active() const {
+    return static_cast<size_t>(std::count_if(slots_.begin(), slots_.end(), [](const auto & s) { return s->active; }));
+}
+
+void Scheduler::reap_cancelled() {
+    for (auto & s : slots_) {
+        if (s->active && s->request.cancel && s->request.cancel->load()) {
+            finish(*s, FinishReason::Cancelled);
+        }
+    }
+    for (auto it = queue_.begin(); it != queue_.end();) {
+        if (it->cancel && it->cancel->load()) {
+            Request request = std::move(*it);
+            it = queue_.erase(it);
+            complete_unstarted(request, FinishReason::Cancelled, "");
+        } else {
+            ++it;
+        }
+    }
 }
 
 void Scheduler::admit() {
@@ -117,19 +139,26 @@ void Scheduler::admit() {
                 llama_memory_seq_rm(mem_, slot.seq, -1, -1);
             }
             slot.sampler = make_sampler(params, request.seed, model_.n_vocab());
+            if (request.on_start) {
+                request.on_start();
+            }
             slot.request = std::move(request);
             slot.prompt = std::move(tokens);
             slot.n_fed = 0;
             slot.n_past = 0;
             slot.pending = -1;
             slot.bytes.clear();
+            slot.n_emitted = 0;
+            slot.emitted.clear();
             slot.completion = Completion();
+            slot.completion.t_queued_ms = ms_since(slot.request.t_submit);
             slot.active = true;
         }
     }
 }
 
 void Scheduler::step() {
+    reap_cancelled();
     admit();
     std::vector<Slot *> group;
     int32_t budget = n_batch_;
@@ -217,6 +246,9 @@ void Scheduler::decode_group(std::vector<Slot *> group) {
     for (Slot * s : group) {
         llama_memory_seq_rm(mem_, s->seq, s->n_past, -1);
     }
+    if (rc == 2) {
+        return;  // aborted on purpose (closing): every slot is intact, the caller decides
+    }
     if (rc == 1) {
         ++stats_.n_kv_full_retries;
     }
@@ -245,6 +277,9 @@ void Scheduler::sample(Slot & s) {
         finish(s, FinishReason::Stop);
         return;
     }
+    if (s.completion.token_ids.empty()) {
+        s.completion.t_first_token_ms = ms_since(s.request.t_submit);
+    }
     s.completion.token_ids.push_back(token);
     ++stats_.n_gen_tokens;
     const size_t before = s.bytes.size();
@@ -262,6 +297,26 @@ void Scheduler::sample(Slot & s) {
         return;
     }
     s.pending = token;
+    emit_text(s, false);
+}
+
+void Scheduler::emit_text(Slot & s, bool final) {
+    if (!s.request.on_text) {
+        return;
+    }
+    size_t upto = s.bytes.size();
+    if (!final) {
+        // Hold back an incomplete UTF-8 character and anything that may begin a stop string.
+        upto = utf8_complete_prefix(s.bytes);
+        upto = std::min(upto, s.bytes.size() - stop_prefix_suffix(s.bytes, s.request.params->stop));
+    }
+    if (upto <= s.n_emitted) {
+        return;
+    }
+    const std::string piece = utf8_sanitize(s.bytes.substr(s.n_emitted, upto - s.n_emitted));
+    s.n_emitted = upto;
+    s.emitted += piece;
+    s.request.on_text(piece);
 }
 
 void Scheduler::finish(Slot & s, FinishReason reason, const std::string & error) {
@@ -277,10 +332,23 @@ void Scheduler::finish(Slot & s, FinishReason reason, const std::string & error)
     Completion c = std::move(s.completion);
     c.finish_reason = reason;
     c.error = error;
-    c.text = utf8_sanitize(s.bytes);
+    if (s.request.on_text) {
+        // Stream the rest, so that the pieces add up to the final text exactly.
+        try {
+            emit_text(s, true);
+        } catch (...) {
+        }
+        c.text = std::move(s.emitted);
+    } else {
+        c.text = utf8_sanitize(s.bytes);
+    }
     c.n_gen_tokens = static_cast<int32_t>(c.token_ids.size());
+    c.t_total_ms = ms_since(s.request.t_submit);
     s.bytes.clear();
+    s.emitted.clear();
+    s.n_emitted = 0;
     Request request = std::move(s.request);
+    s.request = Request();
     request.on_done(std::move(c));
 }
 

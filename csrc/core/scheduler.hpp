@@ -3,6 +3,8 @@
 // the calling thread; nothing else decodes.
 #pragma once
 
+#include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -17,11 +19,20 @@
 
 namespace fastpar {
 
+using Clock = std::chrono::steady_clock;
+
 struct Request {
     Prompt prompt;
     std::shared_ptr<const GenerateParams> params;
     uint32_t seed = 0;                           // resolved sampler seed
     std::function<void(Completion &&)> on_done;  // called once, on the scheduler's thread
+    std::function<void()> on_start;              // optional: called when it gets a slot
+    // Optional: called with each new piece of text (valid UTF-8, never the start of a
+    // possible stop string) as it is generated; the pieces add up to Completion::text.
+    std::function<void(const std::string &)> on_text;
+    // Optional: set from any thread to cancel; the scheduler notices between steps.
+    std::shared_ptr<std::atomic<bool>> cancel;
+    Clock::time_point t_submit = Clock::now();
 };
 
 class Scheduler {
@@ -36,6 +47,8 @@ public:
 
     void enqueue(Request request);
     bool idle() const;
+    size_t n_queued() const { return queue_.size(); }
+    size_t n_active() const;
     // One round: admit queued requests into free slots, build one batch, decode, sample,
     // retire finished slots.
     void step();
@@ -46,7 +59,9 @@ public:
 private:
     struct Slot;
 
+    void reap_cancelled();
     void admit();
+    void emit_text(Slot & slot, bool final);
     void decode_group(std::vector<Slot *> group);
     void sample(Slot & slot);
     void finish(Slot & slot, FinishReason reason, const std::string & error = std::string());

@@ -91,4 +91,20 @@ size_t find_stop(const std::string & s, const std::vector<std::string> & stops, 
     return best;
 }
 
+size_t stop_prefix_suffix(const std::string & s, const std::vector<std::string> & stops) {
+    size_t best = 0;
+    for (const auto & stop : stops) {
+        if (stop.empty()) {
+            continue;
+        }
+        for (size_t len = std::min(stop.size() - 1, s.size()); len > best; --len) {
+            if (s.compare(s.size() - len, len, stop, 0, len) == 0) {
+                best = len;
+                break;
+            }
+        }
+    }
+    return best;
+}
+
 }  // namespace fastpar

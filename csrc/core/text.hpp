@@ -18,4 +18,8 @@ std::string utf8_sanitize(const std::string & s);
 // `from_end` (earlier matches were already checked), or std::string::npos.
 size_t find_stop(const std::string & s, const std::vector<std::string> & stops, size_t from_end);
 
+// Length of the longest suffix of `s` that is a proper prefix of one of `stops`: bytes
+// a stream must hold back because a stop string may be completing.
+size_t stop_prefix_suffix(const std::string & s, const std::vector<std::string> & stops);
+
 }  // namespace fastpar

@@ -1,4 +1,5 @@
 #include <chrono>
+#include <optional>
 #include <variant>
 
 #include <pybind11/stl.h>
@@ -16,18 +17,21 @@ namespace {
 // the loop wait on other Python threads.
 constexpr auto kSignalPollInterval = std::chrono::milliseconds(50);
 
-using PromptIn = std::variant<std::string, std::vector<ChatMessage>>;
-
 std::vector<Completion> generate(Context & ctx, const std::vector<PromptIn> & prompts_in,
-                                 const GenerateParams & params) {
-    std::vector<Prompt> prompts(prompts_in.size());
-    for (size_t i = 0; i < prompts_in.size(); ++i) {
-        if (const auto * text = std::get_if<std::string>(&prompts_in[i])) {
-            prompts[i].text = *text;
-        } else {
-            prompts[i].messages = std::get<std::vector<ChatMessage>>(prompts_in[i]);
-            prompts[i].is_chat = true;
-        }
+                                 const GenerateParams & params, const std::optional<py::function> & on_completion) {
+    std::vector<Prompt> prompts;
+    prompts.reserve(prompts_in.size());
+    for (const auto & in : prompts_in) {
+        prompts.push_back(to_prompt(in));
+    }
+    // The callback runs on this thread with the GIL taken back; an exception from it ends
+    // the call (everything still running is cancelled) and is re-raised.
+    std::function<void(size_t, const Completion &)> callback;
+    if (on_completion) {
+        callback = [&on_completion](size_t i, const Completion & c) {
+            py::gil_scoped_acquire gil;
+            (*on_completion)(i, c);
+        };
     }
     bool signalled = false;
     auto next_poll = std::chrono::steady_clock::now() + kSignalPollInterval;
@@ -43,7 +47,7 @@ std::vector<Completion> generate(Context & ctx, const std::vector<PromptIn> & pr
     };
     try {
         py::gil_scoped_release nogil;
-        return ctx.generate(prompts, params, interrupt);
+        return ctx.generate(prompts, params, interrupt, callback);
     } catch (const Interrupted &) {
         if (signalled) {
             throw py::error_already_set();  // the KeyboardInterrupt (or other) PyErr_CheckSignals set
@@ -53,6 +57,17 @@ std::vector<Completion> generate(Context & ctx, const std::vector<PromptIn> & pr
 }
 
 }  // namespace
+
+Prompt to_prompt(const PromptIn & in) {
+    Prompt p;
+    if (const auto * text = std::get_if<std::string>(&in)) {
+        p.text = *text;
+    } else {
+        p.messages = std::get<std::vector<ChatMessage>>(in);
+        p.is_chat = true;
+    }
+    return p;
+}
 
 void register_generate(py::module_ & m) {
     py::class_<ContextParams>(m, "ContextParams", "Options of a context; defaults are fastpar's.")
@@ -87,6 +102,9 @@ void register_generate(py::module_ & m) {
         })
         .def_readonly("n_prompt_tokens", &Completion::n_prompt_tokens)
         .def_readonly("n_gen_tokens", &Completion::n_gen_tokens)
+        .def_readonly("t_queued_ms", &Completion::t_queued_ms)
+        .def_readonly("t_first_token_ms", &Completion::t_first_token_ms)
+        .def_readonly("t_total_ms", &Completion::t_total_ms)
         .def("__repr__", [](const Completion & c) {
             std::string text = c.text.size() > 60 ? c.text.substr(0, 60) + "..." : c.text;
             return "Completion(finish_reason=" + std::string(finish_reason_name(c.finish_reason)) +
@@ -112,8 +130,9 @@ void register_generate(py::module_ & m) {
     py::class_<Context>(m, "Context", "A llama.cpp context with n_parallel slots.")
         .def(py::init<std::shared_ptr<const Model>, const ContextParams &>(), py::arg("model"), py::arg("params"),
              py::call_guard<py::gil_scoped_release>())
-        .def("generate", &generate, py::arg("prompts"), py::arg("params"),
-             "Run every prompt (str, or list of ChatMessage) to completion; results in input order.")
+        .def("generate", &generate, py::arg("prompts"), py::arg("params"), py::arg("on_completion") = py::none(),
+             "Run every prompt (str, or list of ChatMessage) to completion; results in input order.\n"
+             "on_completion(index, completion) is called as each prompt finishes.")
         .def_property_readonly("last_stats", &Context::last_stats)
         .def("seq_pos_max", &Context::seq_pos_max, "llama_memory_seq_pos_max of every slot (-1 = empty).")
         .def_property_readonly("n_ctx_per_seq", &Context::n_ctx_per_seq)

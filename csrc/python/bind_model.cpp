@@ -1,5 +1,6 @@
 #include <pybind11/stl.h>
 
+#include "core/engine.hpp"
 #include "core/errors.hpp"
 #include "core/model.hpp"
 #include "python/module.hpp"
@@ -11,17 +12,31 @@ namespace fastpar::python {
 void register_errors(py::module_ & m) {
     PYBIND11_CONSTINIT static py::gil_safe_call_once_and_store<py::object> error_type;
     PYBIND11_CONSTINIT static py::gil_safe_call_once_and_store<py::object> load_error_type;
+    PYBIND11_CONSTINIT static py::gil_safe_call_once_and_store<py::object> closed_type;
+    PYBIND11_CONSTINIT static py::gil_safe_call_once_and_store<py::object> queue_full_type;
     error_type.call_once_and_store_result([&] {
         return py::object(py::exception<Error>(m, "FastparError", PyExc_RuntimeError));
     });
     load_error_type.call_once_and_store_result([&] {
         return py::object(py::exception<ModelLoadError>(m, "ModelLoadError", error_type.get_stored().ptr()));
     });
+    closed_type.call_once_and_store_result([&] {
+        return py::object(py::exception<EngineClosed>(m, "EngineClosed", error_type.get_stored().ptr()));
+    });
+    queue_full_type.call_once_and_store_result([&] {
+        return py::object(py::exception<QueueFull>(m, "QueueFull", error_type.get_stored().ptr()));
+    });
     py::register_exception_translator([](std::exception_ptr p) {
         try {
             if (p) {
                 std::rethrow_exception(p);
             }
+        } catch (const Timeout & e) {
+            PyErr_SetString(PyExc_TimeoutError, e.what());
+        } catch (const EngineClosed & e) {
+            PyErr_SetString(closed_type.get_stored().ptr(), e.what());
+        } catch (const QueueFull & e) {
+            PyErr_SetString(queue_full_type.get_stored().ptr(), e.what());
         } catch (const FileNotFound & e) {
             PyErr_SetString(PyExc_FileNotFoundError, e.what());
         } catch (const ModelLoadError & e) {

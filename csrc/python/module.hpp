@@ -3,10 +3,21 @@
 
 #include <pybind11/pybind11.h>
 
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "core/params.hpp"
+
 namespace fastpar::python {
+
+// What Python passes as one prompt: raw text, or chat messages (checked in src/fastpar).
+using PromptIn = std::variant<std::string, std::vector<ChatMessage>>;
+Prompt to_prompt(const PromptIn & in);
 
 void register_errors(pybind11::module_ & m);
 void register_model(pybind11::module_ & m);
 void register_generate(pybind11::module_ & m);
+void register_engine(pybind11::module_ & m);
 
 }  // namespace fastpar::python

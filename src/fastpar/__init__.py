@@ -8,7 +8,8 @@
 """
 
 from ._api import Context, Model, generate_parallel
-from ._core import Completion, FastparError, ModelLoadError, Stats
+from ._core import Completion, EngineClosed, EngineStats, FastparError, ModelLoadError, QueueFull, Stats
+from ._engine import Engine, Request
 from ._core import backend as _backend
 from ._models import default_model_path
 from ._version import __version__
@@ -16,9 +17,14 @@ from ._version import __version__
 __all__ = [
     "Completion",
     "Context",
+    "Engine",
+    "EngineClosed",
+    "EngineStats",
     "FastparError",
     "Model",
     "ModelLoadError",
+    "QueueFull",
+    "Request",
     "Stats",
     "__version__",
     "backend",

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Mapping, Sequence
-from typing import List, Optional, Union
+from typing import Callable, List, Optional, Union
 
 from . import _core
 
@@ -106,15 +106,7 @@ class Context:
                  n_threads: Optional[int] = None, kv_unified: bool = _CONTEXT_DEFAULTS.kv_unified) -> None:
         if not isinstance(model, Model):
             raise TypeError(f"model must be a fastpar.Model, got {type(model).__name__}")
-        params = _core.ContextParams()
-        params.n_parallel = _int("n_parallel", n_parallel)
-        params.n_ctx_per_seq = _int("n_ctx_per_seq", n_ctx_per_seq)
-        params.n_batch = (max(_CONTEXT_DEFAULTS.n_batch, params.n_parallel) if n_batch is None
-                          else _int("n_batch", n_batch))
-        params.n_threads = _CONTEXT_DEFAULTS.n_threads if n_threads is None else _int("n_threads", n_threads)
-        if n_threads is not None and n_threads < 1:
-            raise ValueError(f"n_threads must be positive (or None for one per hardware thread), got {n_threads}")
-        params.kv_unified = _bool("kv_unified", kv_unified)
+        params = _context_params(n_parallel, n_ctx_per_seq, n_batch, n_threads, kv_unified)
         self.model = model
         self._ctx = _core.Context(model._model, params)
 
@@ -148,6 +140,20 @@ class Context:
                 f"n_batch={self.n_batch}, n_threads={self.n_threads})")
 
 
+def _context_params(n_parallel: object, n_ctx_per_seq: object, n_batch: object, n_threads: object,
+                    kv_unified: object) -> _core.ContextParams:
+    params = _core.ContextParams()
+    params.n_parallel = _int("n_parallel", n_parallel)
+    params.n_ctx_per_seq = _int("n_ctx_per_seq", n_ctx_per_seq)
+    params.n_batch = (max(_CONTEXT_DEFAULTS.n_batch, params.n_parallel) if n_batch is None
+                      else _int("n_batch", n_batch))
+    if n_threads is not None and _int("n_threads", n_threads) < 1:
+        raise ValueError(f"n_threads must be positive (or None for one per hardware thread), got {n_threads}")
+    params.n_threads = _CONTEXT_DEFAULTS.n_threads if n_threads is None else n_threads
+    params.kv_unified = _bool("kv_unified", kv_unified)
+    return params
+
+
 def _messages(messages: object, where: str) -> List[_core.ChatMessage]:
     if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
         raise TypeError(f"{where} must be a list of {{'role', 'content'}} dicts")
@@ -159,24 +165,22 @@ def _messages(messages: object, where: str) -> List[_core.ChatMessage]:
     return out
 
 
+def _prompt(prompt: object, where: str):
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, Sequence) and not isinstance(prompt, (bytes, bytearray)):
+        return _messages(prompt, where)
+    raise TypeError(f"{where} must be a str or a list of chat messages, got {type(prompt).__name__}")
+
+
 def _prompts(prompts: object) -> list:
     if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence):
         raise TypeError("prompts must be a list of str (or of chat-message lists), "
                         f"got {type(prompts).__name__}")
-    out = []
-    for i, p in enumerate(prompts):
-        if isinstance(p, str):
-            out.append(p)
-        elif isinstance(p, Sequence) and not isinstance(p, (bytes, bytearray)):
-            out.append(_messages(p, f"prompts[{i}]"))
-        else:
-            raise TypeError(f"prompts[{i}] must be a str or a list of chat messages, got {type(p).__name__}")
-    return out
+    return [_prompt(p, f"prompts[{i}]") for i, p in enumerate(prompts)]
 
 
-def generate_parallel(
-    ctx: Context,
-    prompts: Sequence[Prompt],
+def _generate_params(
     *,
     max_tokens: int = _GENERATE_DEFAULTS.max_tokens,
     temperature: float = _GENERATE_DEFAULTS.temperature,
@@ -190,28 +194,8 @@ def generate_parallel(
     seed: Optional[int] = None,
     stop: Union[None, str, Sequence[str]] = None,
     ignore_eos: bool = _GENERATE_DEFAULTS.ignore_eos,
-) -> List[_core.Completion]:
-    """Generate a completion for every prompt in one unified batch; results in input order.
-
-    A prompt is a ``str`` (raw text; special tokens in it are parsed) or a list of
-    ``{"role": ..., "content": ...}`` messages rendered with the model's chat template.
-    Every prompt gets its own sequence, sampler and KV cells: its output does not depend
-    on its batch-mates. More prompts than ``ctx.n_parallel`` are queued and fill slots
-    as they free up.
-
-    ``temperature=0`` is greedy. ``seed`` (None = random) seeds every prompt's sampler
-    alike, so a prompt's output does not depend on its position in the list. ``stop``
-    strings end a completion before the first match (the match is not in ``text``).
-
-    A prompt that cannot be served (too long for ``n_ctx_per_seq``, empty after
-    tokenization, ...) gets ``finish_reason == "error"`` and a message in ``error``;
-    the others complete normally. Bad arguments raise ``TypeError``/``ValueError``
-    before any work. The GIL is released while generating; Ctrl-C cancels the call
-    and leaves the context clean.
-    """
-    if not isinstance(ctx, Context):
-        raise TypeError(f"ctx must be a fastpar.Context, got {type(ctx).__name__}")
-    converted = _prompts(prompts)
+) -> _core.GenerateParams:
+    """The generation options, checked, as the core's struct (shared by every entry point)."""
     params = _core.GenerateParams()
     params.max_tokens = _int("max_tokens", max_tokens)
     params.temperature = _float("temperature", temperature)
@@ -233,4 +217,68 @@ def generate_parallel(
             raise TypeError("stop must be a str or a list of str")
         params.stop = list(stops)
     params.ignore_eos = _bool("ignore_eos", ignore_eos)
-    return ctx._ctx.generate(converted, params)
+    return params
+
+
+def generate_parallel(
+    ctx: Context,
+    prompts: Sequence[Prompt],
+    *,
+    progress: bool = False,
+    on_completion: Optional[Callable[[int, _core.Completion], None]] = None,
+    **generation_params,
+) -> List[_core.Completion]:
+    """Generate a completion for every prompt in one unified batch; results in input order.
+
+    A prompt is a ``str`` (raw text; special tokens in it are parsed) or a list of
+    ``{"role": ..., "content": ...}`` messages rendered with the model's chat template.
+    Every prompt gets its own sequence, sampler and KV cells: its output does not depend
+    on its batch-mates. More prompts than ``ctx.n_parallel`` are queued and fill slots
+    as they free up.
+
+    Generation options (keyword only; defaults from the core's ``GenerateParams``):
+    ``max_tokens``, ``temperature`` (0 = greedy), ``top_k``, ``top_p``, ``min_p``,
+    ``repeat_penalty``, ``presence_penalty``, ``frequency_penalty``, ``repeat_last_n``,
+    ``seed`` (None = random; every prompt's sampler gets the same seed, so a prompt's
+    output does not depend on its position), ``stop`` (a str or list of str; the text
+    ends before the first match), ``ignore_eos``.
+
+    ``progress=True`` shows a progress bar (prompts done, generated tokens per second);
+    ``on_completion(index, completion)`` is called as each prompt finishes, on the
+    calling thread. An exception from it cancels the rest of the call and propagates.
+
+    A prompt that cannot be served (too long for ``n_ctx_per_seq``, empty after
+    tokenization, ...) gets ``finish_reason == "error"`` and a message in ``error``;
+    the others complete normally. Bad arguments raise ``TypeError``/``ValueError``
+    before any work. The GIL is released while generating; Ctrl-C cancels the call
+    and leaves the context clean.
+    """
+    if not isinstance(ctx, Context):
+        raise TypeError(f"ctx must be a fastpar.Context, got {type(ctx).__name__}")
+    converted = _prompts(prompts)
+    params = _generate_params(**generation_params)
+    if on_completion is not None and not callable(on_completion):
+        raise TypeError("on_completion must be callable")
+    if not progress:
+        return ctx._ctx.generate(converted, params, on_completion)
+    return _generate_with_progress(ctx, converted, params, on_completion)
+
+
+def _generate_with_progress(ctx: Context, prompts: list, params: _core.GenerateParams,
+                            on_completion: Optional[Callable[[int, _core.Completion], None]]):
+    import time
+
+    from tqdm.auto import tqdm
+
+    start = time.perf_counter()
+    n_tokens = 0
+    with tqdm(total=len(prompts), unit="prompt", desc="fastpar") as bar:
+        def update(i: int, completion: _core.Completion) -> None:
+            nonlocal n_tokens
+            n_tokens += completion.n_gen_tokens
+            bar.update(1)
+            bar.set_postfix_str(f"{n_tokens / max(time.perf_counter() - start, 1e-9):.1f} gen tok/s")
+            if on_completion is not None:
+                on_completion(i, completion)
+
+        return ctx._ctx.generate(prompts, params, update)

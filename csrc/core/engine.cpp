@@ -1,0 +1,273 @@
+#include "core/engine.hpp"
+
+#include <future>
+
+namespace fastpar {
+namespace {
+
+template <typename Lock, typename Pred>
+bool wait_for(std::condition_variable & cv, Lock & lock, double timeout_s, Pred pred) {
+    if (timeout_s < 0) {
+        cv.wait(lock, pred);
+        return true;
+    }
+    return cv.wait_for(lock, std::chrono::duration<double>(timeout_s), pred);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------- RequestHandle
+
+bool RequestHandle::done() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return done_;
+}
+
+Completion RequestHandle::result(double timeout_s) const {
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (!wait_for(cv_, lock, timeout_s, [this] { return done_; })) {
+        throw Timeout("request " + std::to_string(id_) + " did not finish within " + std::to_string(timeout_s) + " s");
+    }
+    return completion_;
+}
+
+std::optional<std::string> RequestHandle::next_piece(double timeout_s) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (!wait_for(cv_, lock, timeout_s, [this] { return done_ || !pieces_.empty(); })) {
+        throw Timeout("no text from request " + std::to_string(id_) + " within " + std::to_string(timeout_s) + " s");
+    }
+    if (pieces_.empty()) {
+        return std::nullopt;
+    }
+    std::string piece = std::move(pieces_.front());
+    pieces_.pop_front();
+    return piece;
+}
+
+std::vector<std::string> RequestHandle::take_pieces() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::vector<std::string> out(std::make_move_iterator(pieces_.begin()), std::make_move_iterator(pieces_.end()));
+    pieces_.clear();
+    return out;
+}
+
+void RequestHandle::set_listener(std::function<void()> listener) {
+    bool already_done;
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        listener_ = std::move(listener);
+        already_done = done_;
+    }
+    if (already_done) {
+        notify();
+    }
+}
+
+void RequestHandle::push_piece(const std::string & piece) {
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        pieces_.push_back(piece);
+    }
+    cv_.notify_all();
+    notify();
+}
+
+void RequestHandle::complete(Completion && c) {
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        completion_ = std::move(c);
+        done_ = true;
+    }
+    cv_.notify_all();
+    notify();
+}
+
+void RequestHandle::notify() {
+    std::function<void()> listener;
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        listener = listener_;
+    }
+    if (listener) {
+        try {
+            listener();
+        } catch (...) {
+            // A listener's failure (e.g. its event loop closed) must not stop the engine.
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------- Engine
+
+Engine::Engine(std::shared_ptr<const Model> model, const ContextParams & params, int32_t max_queued)
+    : ctx_(std::make_unique<Context>(std::move(model), params)), max_queued_(max_queued) {
+    if (max_queued < 0) {
+        throw InvalidArgument("max_queued must be >= 0, got " + std::to_string(max_queued));
+    }
+    worker_ = std::thread([this] { run(); });
+}
+
+Engine::~Engine() { close(); }
+
+bool Engine::closed() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return closing_;
+}
+
+std::shared_ptr<RequestHandle> Engine::submit(Prompt prompt, const GenerateParams & params) {
+    validate(params);
+    if (prompt.is_chat && !ctx_->model()->has_chat_template()) {
+        throw InvalidArgument("model '" + ctx_->model()->path() + "' has no chat template; pass prompts as plain strings");
+    }
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (closing_) {
+        throw EngineClosed("the engine is closed; create a new one to submit more requests");
+    }
+    if (n_waiting_ >= max_queued_) {
+        throw QueueFull("the engine's queue is full: " + std::to_string(n_waiting_) +
+                        " requests wait for a slot (max_queued=" + std::to_string(max_queued_) +
+                        "); retry later or raise max_queued");
+    }
+    auto handle = std::make_shared<RequestHandle>(next_id_++);
+    Request request;
+    request.prompt = std::move(prompt);
+    request.params = std::make_shared<const GenerateParams>(params);
+    request.seed = resolve_seed(params);
+    request.cancel = handle->cancel_;
+    request.on_text = [handle](const std::string & piece) { handle->push_piece(piece); };
+    // Counted exactly, on the worker, as the request moves: waiting -> in a slot -> done.
+    auto started = std::make_shared<bool>(false);
+    request.on_start = [this, started] {
+        std::lock_guard<std::mutex> lock(mutex_);
+        *started = true;
+        --n_waiting_;
+    };
+    request.on_done = [this, handle, started](Completion && c) {
+        account(c, *started);
+        handle->complete(std::move(c));
+    };
+    request.t_submit = Clock::now();
+    incoming_.push_back(std::move(request));
+    ++n_unfinished_;
+    ++n_waiting_;
+    ++totals_.n_submitted;
+    cv_.notify_all();
+    return handle;
+}
+
+void Engine::account(const Completion & c, bool started) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    --n_unfinished_;
+    if (!started) {
+        --n_waiting_;  // finished (cancelled, failed) before it got a slot
+    }
+    totals_.n_prompt_tokens += c.n_prompt_tokens;
+    totals_.n_gen_tokens += c.n_gen_tokens;
+    switch (c.finish_reason) {
+        case FinishReason::Error: ++totals_.n_failed; break;
+        case FinishReason::Cancelled: ++totals_.n_cancelled; break;
+        default: ++totals_.n_completed; break;
+    }
+}
+
+void Engine::run() {
+    try {
+        ctx_->with_scheduler(loop_stats_, [this](Scheduler & scheduler) {
+            for (;;) {
+                std::deque<std::function<void()>> tasks;
+                {
+                    std::unique_lock<std::mutex> lock(mutex_);
+                    cv_.wait(lock, [&] {
+                        return closing_ || !incoming_.empty() || !tasks_.empty() || !scheduler.idle();
+                    });
+                    if (closing_) {
+                        return;  // with_scheduler cancels what is left
+                    }
+                    while (!incoming_.empty()) {
+                        scheduler.enqueue(std::move(incoming_.front()));
+                        incoming_.pop_front();
+                    }
+                    tasks.swap(tasks_);
+                }
+                for (auto & task : tasks) {
+                    task();
+                }
+                if (scheduler.idle()) {
+                    continue;
+                }
+                const auto t0 = Clock::now();
+                scheduler.step();
+                const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+                std::lock_guard<std::mutex> lock(mutex_);
+                totals_.busy_s += dt;
+                totals_.n_decode_calls = loop_stats_.n_decode_calls;
+            }
+        });
+    } catch (...) {
+        // Only a failure of llama.cpp itself gets here; with_scheduler has already ended
+        // every request it held. Refuse new work; close() ends the rest.
+        std::lock_guard<std::mutex> lock(mutex_);
+        closing_ = true;
+    }
+}
+
+void Engine::close() {
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        closing_ = true;
+    }
+    ctx_->set_abort(true);  // a decode in flight returns now instead of at its end
+    cv_.notify_all();
+    {
+        std::lock_guard<std::mutex> join_lock(join_mutex_);
+        if (worker_.joinable() && worker_.get_id() != std::this_thread::get_id()) {
+            worker_.join();
+        }
+    }
+    ctx_->set_abort(false);
+    std::deque<Request> leftover;
+    std::deque<std::function<void()>> tasks;
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        leftover.swap(incoming_);
+        tasks.swap(tasks_);
+    }
+    for (auto & request : leftover) {  // never reached the scheduler
+        Completion c;
+        c.finish_reason = FinishReason::Cancelled;
+        c.t_total_ms = std::chrono::duration<double, std::milli>(Clock::now() - request.t_submit).count();
+        request.on_done(std::move(c));
+    }
+    for (auto & task : tasks) {
+        task();  // answers pending queries from the (now idle) context
+    }
+}
+
+EngineStats Engine::stats() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    EngineStats s = totals_;
+    s.n_queued = n_waiting_;
+    s.n_active = n_unfinished_ - n_waiting_;
+    s.uptime_s = std::chrono::duration<double>(Clock::now() - t_start_).count();
+    return s;
+}
+
+std::vector<int32_t> Engine::seq_pos_max() {
+    auto promise = std::make_shared<std::promise<std::vector<int32_t>>>();
+    auto future = promise->get_future();
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (!closing_) {
+            // Asked on the worker, between steps: llama.cpp's memory is not read mid-decode.
+            tasks_.push_back([this, promise] { promise->set_value(ctx_->seq_pos_max_unlocked()); });
+            cv_.notify_all();
+        }
+    }
+    if (future.wait_for(std::chrono::seconds(0)) == std::future_status::ready || !closed()) {
+        return future.get();  // close() answers a task it finds left over
+    }
+    close();  // closing: wait until the worker has let go of the context
+    return ctx_->seq_pos_max();
+}
+
+}  // namespace fastpar

@@ -1,0 +1,71 @@
+#include <optional>
+
+#include <pybind11/functional.h>
+#include <pybind11/stl.h>
+
+#include "core/engine.hpp"
+#include "python/module.hpp"
+
+namespace py = pybind11;
+
+namespace fastpar::python {
+namespace {
+
+double timeout_arg(const std::optional<double> & timeout) { return timeout ? std::max(0.0, *timeout) : -1.0; }
+
+}  // namespace
+
+void register_engine(py::module_ & m) {
+    py::class_<EngineStats>(m, "EngineStats", "A snapshot of an Engine's counters.")
+        .def_readonly("n_active", &EngineStats::n_active)
+        .def_readonly("n_queued", &EngineStats::n_queued)
+        .def_readonly("n_submitted", &EngineStats::n_submitted)
+        .def_readonly("n_completed", &EngineStats::n_completed)
+        .def_readonly("n_failed", &EngineStats::n_failed)
+        .def_readonly("n_cancelled", &EngineStats::n_cancelled)
+        .def_readonly("n_prompt_tokens", &EngineStats::n_prompt_tokens)
+        .def_readonly("n_gen_tokens", &EngineStats::n_gen_tokens)
+        .def_readonly("n_decode_calls", &EngineStats::n_decode_calls)
+        .def_readonly("uptime_s", &EngineStats::uptime_s)
+        .def_readonly("busy_s", &EngineStats::busy_s)
+        .def_property_readonly("gen_tokens_per_s", &EngineStats::gen_tokens_per_s);
+
+    py::class_<RequestHandle, std::shared_ptr<RequestHandle>>(m, "RequestHandle", "One request of an Engine.")
+        .def_property_readonly("id", &RequestHandle::id)
+        .def("cancel", &RequestHandle::cancel)
+        .def("done", &RequestHandle::done)
+        .def("result", [](const RequestHandle & h, std::optional<double> timeout) {
+                 py::gil_scoped_release nogil;
+                 return h.result(timeout_arg(timeout));
+             }, py::arg("timeout") = py::none())
+        .def("next_piece", [](RequestHandle & h, std::optional<double> timeout) {
+                 py::gil_scoped_release nogil;
+                 return h.next_piece(timeout_arg(timeout));
+             }, py::arg("timeout") = py::none())
+        .def("take_pieces", &RequestHandle::take_pieces)
+        // pybind11's wrapper takes the GIL whenever the engine's thread calls the listener.
+        .def("set_listener", &RequestHandle::set_listener, py::arg("listener"));
+
+    py::class_<Engine, std::shared_ptr<Engine>>(m, "Engine", "The scheduler loop on a worker thread.")
+        .def(py::init([](std::shared_ptr<const Model> model, const ContextParams & params, int32_t max_queued) {
+                 py::gil_scoped_release nogil;
+                 // Destroyed without the GIL: joining the worker may wait on a listener
+                 // that needs it.
+                 return std::shared_ptr<Engine>(new Engine(std::move(model), params, max_queued), [](Engine * e) {
+                     py::gil_scoped_release release;
+                     delete e;
+                 });
+             }),
+             py::arg("model"), py::arg("params"), py::arg("max_queued"))
+        .def("submit", [](Engine & e, const PromptIn & prompt, const GenerateParams & params) {
+                 return e.submit(to_prompt(prompt), params);
+             }, py::arg("prompt"), py::arg("params"))
+        .def("close", &Engine::close, py::call_guard<py::gil_scoped_release>())
+        .def_property_readonly("closed", &Engine::closed)
+        .def("stats", &Engine::stats)
+        .def("seq_pos_max", &Engine::seq_pos_max, py::call_guard<py::gil_scoped_release>())
+        .def_property_readonly("n_parallel", [](const Engine & e) { return e.context().params().n_parallel; })
+        .def_property_readonly("n_ctx_per_seq", [](const Engine & e) { return e.context().n_ctx_per_seq(); });
+}
+
+}  // namespace fastpar::python

@@ -1,0 +1,161 @@
+"""The background engine: submit from any thread, stream, cancel, await.
+
+The engine is the same scheduler loop as ``generate_parallel``, run on one worker
+thread that owns one context (DESIGN.md): requests join free slots as others finish.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import AsyncIterator, Iterator, List, Optional
+
+from . import _core
+from ._api import _CONTEXT_DEFAULTS, Model, Prompt, _context_params, _generate_params, _prompt
+
+__all__ = ["Engine", "Request"]
+
+#: Requests that may wait for a slot before ``submit`` raises ``fastpar.QueueFull``.
+DEFAULT_MAX_QUEUED = 1024
+
+
+class Request:
+    """One submitted prompt. Iterate over it for its text as it is generated (each piece
+    valid UTF-8; the pieces add up to the final text), or call ``result()``."""
+
+    def __init__(self, handle: _core.RequestHandle) -> None:
+        self._handle = handle
+
+    @property
+    def id(self) -> int:
+        return self._handle.id
+
+    def cancel(self) -> None:
+        """End this request with ``finish_reason == "cancelled"`` (no effect once done)."""
+        self._handle.cancel()
+
+    def done(self) -> bool:
+        return self._handle.done()
+
+    def result(self, timeout: Optional[float] = None) -> _core.Completion:
+        """The completion, waiting up to ``timeout`` seconds (None: for ever); raises
+        ``TimeoutError``. Its ``t_queued_ms``, ``t_first_token_ms`` and ``t_total_ms``
+        are this request's timings from submission."""
+        return self._handle.result(timeout)
+
+    def __iter__(self) -> Iterator[str]:
+        while True:
+            piece = self._handle.next_piece(None)
+            if piece is None:
+                return
+            yield piece
+
+    def __repr__(self) -> str:
+        return f"fastpar.Request(id={self.id}, done={self.done()})"
+
+
+class Engine:
+    """A thread-safe generation service over one model: ``submit`` from any thread.
+
+    Takes the same context options as ``fastpar.Context``, plus ``max_queued``: how many
+    requests may wait for a free slot before ``submit`` raises ``fastpar.QueueFull``.
+    Use it as a context manager, or call ``close()``: requests still queued or running
+    then end with ``finish_reason == "cancelled"``.
+    """
+
+    def __init__(self, model: Model, *, n_parallel: int = _CONTEXT_DEFAULTS.n_parallel,
+                 n_ctx_per_seq: int = _CONTEXT_DEFAULTS.n_ctx_per_seq, n_batch: Optional[int] = None,
+                 n_threads: Optional[int] = None, kv_unified: bool = _CONTEXT_DEFAULTS.kv_unified,
+                 max_queued: int = DEFAULT_MAX_QUEUED) -> None:
+        if not isinstance(model, Model):
+            raise TypeError(f"model must be a fastpar.Model, got {type(model).__name__}")
+        params = _context_params(n_parallel, n_ctx_per_seq, n_batch, n_threads, kv_unified)
+        if isinstance(max_queued, bool) or not isinstance(max_queued, int):
+            raise TypeError(f"max_queued must be an int, got {type(max_queued).__name__}")
+        if max_queued < 0:
+            raise ValueError(f"max_queued must be >= 0, got {max_queued}")
+        self.model = model
+        self._engine = _core.Engine(model._model, params, max_queued)
+
+    # -- submitting ---------------------------------------------------------------------
+
+    def submit(self, prompt: Prompt, **generation_params) -> Request:
+        """Queue one prompt (a ``str`` or chat messages) with ``generate_parallel``'s
+        keyword options; returns at once. Raises ``fastpar.EngineClosed`` after
+        ``close()``, ``fastpar.QueueFull`` when ``max_queued`` requests already wait."""
+        return Request(self._engine.submit(_prompt(prompt, "prompt"), _generate_params(**generation_params)))
+
+    def generate(self, prompt: Prompt, **generation_params) -> _core.Completion:
+        """``submit(...).result()``."""
+        return self.submit(prompt, **generation_params).result()
+
+    async def agenerate(self, prompt: Prompt, **generation_params) -> _core.Completion:
+        """Await one completion without blocking the event loop. Cancelling the awaiting
+        task cancels the request."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future = loop.create_future()
+        request = self.submit(prompt, **generation_params)
+
+        def on_update() -> None:  # on the engine's thread
+            if request.done():
+                loop.call_soon_threadsafe(_resolve, future, request)
+
+        request._handle.set_listener(on_update)
+        try:
+            return await future
+        finally:
+            if not request.done():
+                request.cancel()
+
+    async def astream(self, prompt: Prompt, **generation_params) -> AsyncIterator[str]:
+        """Yield text pieces as they are generated, without blocking the event loop.
+        Leaving the loop early cancels the request."""
+        loop = asyncio.get_running_loop()
+        wakeup = asyncio.Event()
+        request = self.submit(prompt, **generation_params)
+        request._handle.set_listener(lambda: loop.call_soon_threadsafe(wakeup.set))
+        try:
+            while True:
+                await wakeup.wait()
+                wakeup.clear()
+                finished = request.done()  # before taking: no piece can follow a finish
+                for piece in request._handle.take_pieces():
+                    yield piece
+                if finished:
+                    return
+        finally:
+            if not request.done():
+                request.cancel()
+
+    # -- state ----------------------------------------------------------------------------
+
+    def stats(self) -> _core.EngineStats:
+        """Active and queued requests, totals, and generated tokens per busy second."""
+        return self._engine.stats()
+
+    def kv_seq_pos_max(self) -> List[int]:
+        """Highest KV position each slot holds (read between steps); -1 = empty."""
+        return self._engine.seq_pos_max()
+
+    @property
+    def closed(self) -> bool:
+        return self._engine.closed
+
+    def close(self) -> None:
+        """Cancel what is queued or running, stop the worker thread. Idempotent."""
+        self._engine.close()
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        engine = getattr(self, "_engine", None)
+        if engine is not None:
+            engine.close()
+
+
+def _resolve(future: asyncio.Future, request: Request) -> None:
+    if not future.done():
+        future.set_result(request.result(0))

@@ -1,0 +1,199 @@
+"""The background engine: many threads submit, stream, cancel and await; the loop is the
+same scheduler as generate_parallel, so every greedy output equals the prompt alone."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+import time
+
+import pytest
+
+import fastpar
+from conftest import GREEDY, MORE_PROMPTS
+
+# Mixed prompt lengths: short ones and a few long ones (a couple of hundred tokens).
+LONG = ("Summarise the following notes. " + "The meeting covered budgets, hiring, and the roadmap. " * 12)
+MIXED = MORE_PROMPTS + [LONG + " Summary:", "Notes: " + LONG + " In one sentence,"]
+
+
+@pytest.fixture
+def engine(model):
+    with fastpar.Engine(model, n_parallel=8, n_ctx_per_seq=512) as e:
+        yield e
+
+
+def _submit_from_threads(engine, jobs, n_threads=8, on_submit=None):
+    """jobs: list of (index, prompt). Returns {index: Request}, submitted at random times."""
+    requests: dict = {}
+    lock = threading.Lock()
+
+    def worker(share):
+        rng = random.Random(len(share))
+        for i, prompt in share:
+            time.sleep(rng.uniform(0, 0.05))
+            r = engine.submit(prompt, max_tokens=32, **GREEDY)
+            with lock:
+                requests[i] = r
+            if on_submit:
+                on_submit(i, r)
+
+    threads = [threading.Thread(target=worker, args=(jobs[k::n_threads],)) for k in range(n_threads)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return requests
+
+
+def test_engine_threads_outputs_equal_alone(engine, solo):
+    jobs = [(i, MIXED[i % len(MIXED)]) for i in range(40)]
+    requests = _submit_from_threads(engine, jobs)
+    assert len(requests) == 40
+    for i, prompt in jobs:
+        c = requests[i].result(timeout=300)
+        assert c.finish_reason in ("stop", "length"), c.error
+        assert c.token_ids == solo(prompt, 32), f"request {i} differs from its solo run"
+        assert c.t_queued_ms >= 0 and c.t_first_token_ms >= c.t_queued_ms and c.t_total_ms >= c.t_first_token_ms
+    s = engine.stats()
+    assert s.n_submitted == 40 and s.n_completed == 40 and s.n_failed == 0 and s.n_cancelled == 0
+    assert s.n_active == 0 and s.n_queued == 0
+    assert s.n_gen_tokens == sum(requests[i].result().n_gen_tokens for i in range(40))
+    assert s.gen_tokens_per_s > 0
+    assert engine.kv_seq_pos_max() == [-1] * 8
+    assert len({r.id for r in requests.values()}) == 40
+
+
+def test_engine_cancellation_leaves_others_intact(engine, solo):
+    jobs = [(i, MIXED[i % len(MIXED)]) for i in range(40)]
+    rng = random.Random(7)
+    to_cancel = set(rng.sample(range(40), 10))
+    timers = []
+
+    def maybe_cancel(i, r):
+        if i in to_cancel:
+            t = threading.Timer(rng.uniform(0, 0.5), r.cancel)
+            t.start()
+            timers.append(t)
+
+    requests = _submit_from_threads(engine, jobs, on_submit=maybe_cancel)
+    for t in timers:
+        t.join()
+    n_cancelled = 0
+    for i, prompt in jobs:
+        c = requests[i].result(timeout=300)
+        if i in to_cancel and c.finish_reason == "cancelled":
+            n_cancelled += 1
+            assert c.n_gen_tokens < 32
+        else:
+            # Either never cancelled, or the cancel came after it had finished.
+            assert c.finish_reason in ("stop", "length")
+            assert c.token_ids == solo(prompt, 32)
+    assert n_cancelled >= 5  # most cancels land while queued or running
+    assert engine.stats().n_cancelled == n_cancelled
+    assert engine.kv_seq_pos_max() == [-1] * 8
+
+
+@pytest.mark.parametrize("prompt", ["Tell me about the ocean.", "请用中文介绍一下长城。", "Reply with emoji only: 🎉🚀🌍"])
+def test_streaming_pieces_add_up_to_the_text(engine, prompt):
+    r = engine.submit([{"role": "user", "content": prompt}], max_tokens=48, **GREEDY)
+    pieces = list(r)
+    c = r.result(timeout=60)
+    assert "".join(pieces) == c.text
+    for piece in pieces:
+        assert isinstance(piece, str) and piece  # valid UTF-8 by construction; never empty
+    assert len(pieces) > 1
+
+
+def test_streaming_holds_back_stop_strings(engine):
+    r = engine.submit("Count: 1, 2, 3, 4,", max_tokens=24, stop=[" 7"], **GREEDY)
+    pieces = list(r)
+    c = r.result()
+    assert c.finish_reason == "stop" and "".join(pieces) == c.text and " 7" not in c.text
+
+
+def test_queue_full_is_an_error_not_a_hang(model):
+    with fastpar.Engine(model, n_parallel=1, n_ctx_per_seq=256, max_queued=2) as e:
+        first = [e.submit("Once upon a time", max_tokens=200, ignore_eos=True, **GREEDY) for _ in range(2)]
+        with pytest.raises(fastpar.QueueFull, match="max_queued=2"):
+            e.submit("x", max_tokens=1)  # two wait already (the slot may not have taken one yet)
+        next(iter(first[0]))  # the first is running now: one place in the queue is free
+        first.append(e.submit("x", max_tokens=1))
+        assert e.stats().n_queued == 2 and e.stats().n_active == 1
+        with pytest.raises(fastpar.QueueFull):
+            e.submit("x", max_tokens=1)
+        for r in first:
+            r.cancel()
+
+
+def test_failing_request_fails_alone(engine):
+    bad = engine.submit("word " * 600, max_tokens=8)
+    good = engine.submit("The capital of France is", max_tokens=8, **GREEDY)
+    assert bad.result(timeout=60).finish_reason == "error"
+    assert "n_ctx_per_seq" in bad.result().error
+    assert good.result(timeout=60).finish_reason in ("stop", "length")
+    assert engine.generate("Water boils at", max_tokens=4).n_gen_tokens > 0  # still serving
+
+
+def test_close_with_requests_in_flight_is_prompt(model):
+    e = fastpar.Engine(model, n_parallel=4, n_ctx_per_seq=512)
+    requests = [e.submit(p, max_tokens=400, ignore_eos=True, **GREEDY) for p in MIXED]
+    time.sleep(0.3)
+    t0 = time.perf_counter()
+    e.close()
+    assert time.perf_counter() - t0 < 1.0
+    for r in requests:
+        assert r.done()
+        assert r.result(0).finish_reason == "cancelled"
+    with pytest.raises(fastpar.EngineClosed):
+        e.submit("hello")
+    assert e.kv_seq_pos_max() == [-1] * 4
+    e.close()  # idempotent
+
+
+def test_bad_submit_arguments(engine):
+    with pytest.raises(ValueError, match="temperature"):
+        engine.submit("x", temperature=float("nan"))
+    with pytest.raises(TypeError):
+        engine.submit(42)
+    with pytest.raises(TypeError):
+        engine.submit("x", no_such_option=1)
+
+
+def test_asyncio_agenerate_does_not_block_the_loop(engine, solo):
+    prompts = [MIXED[i] for i in range(16)]
+
+    async def main():
+        ticks = 0
+        stop = asyncio.Event()
+
+        async def ticker():
+            nonlocal ticks
+            while not stop.is_set():
+                ticks += 1
+                await asyncio.sleep(0.01)
+
+        t = asyncio.create_task(ticker())
+        start = time.perf_counter()
+        results = await asyncio.gather(*(engine.agenerate(p, max_tokens=32, **GREEDY) for p in prompts))
+        elapsed = time.perf_counter() - start
+        stop.set()
+        await t
+        return results, ticks, elapsed
+
+    results, ticks, elapsed = asyncio.run(main())
+    assert [c.token_ids for c in results] == [solo(p, 32) for p in prompts]
+    assert ticks > 0.3 * elapsed / 0.01, (ticks, elapsed)
+
+
+def test_asyncio_astream(engine):
+    async def main():
+        pieces = []
+        async for piece in engine.astream("The three primary colors are", max_tokens=24, **GREEDY):
+            pieces.append(piece)
+        return pieces
+
+    pieces = asyncio.run(main())
+    (expected,) = [engine.generate("The three primary colors are", max_tokens=24, **GREEDY)]
+    assert "".join(pieces) == expected.text and len(pieces) > 1
