@@ -113,7 +113,9 @@ def build(quantize_bin: str, qtype: str) -> pathlib.Path:
     if qtype == "F16":
         return f16
     partial = target.with_suffix(".partial")
-    subprocess.run([quantize_bin, str(f16), str(partial), qtype], check=True, stdout=subprocess.DEVNULL)
+    proc = subprocess.run([quantize_bin, str(f16), str(partial), qtype], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"llama-quantize failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     partial.rename(target)
     return target
 

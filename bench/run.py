@@ -1,0 +1,418 @@
+#!/usr/bin/env python3
+"""fastpar side by side with raw llama.cpp, llama-server and llama-cpp-python.
+
+One command builds what it needs (the baselines from vendor/llama.cpp, the synthetic
+speed model, the C stage, the llama-cpp-python peer from the same pinned sdist), runs
+every selected stage on every selected workload, interleaving the repetitions, and
+writes bench/results/<date>-<host-kind>.{json,md,png}:
+
+    python bench/run.py                      # everything: W1-W4, greedy and typical, 3 reps
+    python bench/run.py --workloads W1 --reps 3
+
+Stages: 0 raw llama-batched-bench; 1 C ABI from C; 2 Python generate_parallel;
+3 Engine fed by 8 threads; 4 llama-server -np N with N HTTP clients on loopback;
+5 llama-cpp-python, one prompt at a time. Each reports generated and total tokens per
+second of wall time, and its ratio to stage 0. See bench/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import pathlib
+import platform
+import random
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+import fastpar
+
+HERE = pathlib.Path(__file__).resolve().parent
+ROOT = HERE.parent
+BASELINES = ROOT / "build" / "baselines"
+PEER_VENV = ROOT / "build" / "peer-venv"
+SDIST = "llama_cpp_python-0.3.36.tar.gz"
+
+STAGES = {
+    0: "raw llama.cpp (llama-batched-bench)",
+    1: "fastpar C ABI",
+    2: "fastpar generate_parallel",
+    3: "fastpar Engine, 8 threads",
+    4: "llama-server -np N, N clients",
+    5: "llama-cpp-python, one at a time",
+}
+SAMPLERS = {
+    "greedy": dict(temperature=0.0, top_k=0, top_p=1.0),
+    "typical": dict(temperature=0.8, top_k=40, top_p=0.95),
+}
+
+
+# ----------------------------------------------------------------------------- workloads
+
+def workloads(names, default_model, speed_model):
+    """(name, model, n_requests, n_parallel, prompt_tokens, gen_tokens, shared_prefix)."""
+    out = []
+    if "W1" in names:
+        out.append(("W1", speed_model, 40, 8, 32, 50, 0))
+    if "W2" in names:
+        for pl in (32, 128):
+            for p in (1, 2, 4, 8, 16, 32):
+                out.append((f"W2-pp{pl}-np{p}", default_model, p, p, pl, 64, 0))
+    if "W3" in names:
+        out.append(("W3", default_model, 8, 8, 256 + 16, 64, 256))
+    if "W4" in names:
+        out.append(("W4", default_model, 400, 8, 64, 4, 0))
+    return out
+
+
+WORDS = ("time year people way day man thing woman life child world school state family student group "
+         "country problem hand part place case week company system program question work government number "
+         "night point home water room mother area money story fact month lot right study book eye job word "
+         "business issue side kind head house service friend father power hour game line end member law car "
+         "city community name president team minute idea kid body information back parent face others level "
+         "office door health person art war history party result change morning reason research girl guy").split()
+
+
+def make_prompts(model: fastpar.Model, n: int, n_tokens: int, shared_prefix: int, seed: int = 0):
+    """n distinct prompts of exactly n_tokens tokens each (the first shared_prefix shared)."""
+    rng = random.Random(seed)
+
+    def exact(prefix: str, want: int) -> str:
+        text = prefix
+        while len(model.tokenize(text)) < want:
+            text += " " + rng.choice(WORDS)
+        while len(model.tokenize(text)) > want:
+            text = text.rsplit(" ", 1)[0]
+        assert len(model.tokenize(text)) == want, (len(model.tokenize(text)), want)
+        return text
+
+    prefix = exact("", shared_prefix) if shared_prefix else ""
+    return [exact(prefix + (" " if prefix else "") + rng.choice(WORDS), n_tokens) for _ in range(n)]
+
+
+# ----------------------------------------------------------------------------- builds
+
+def build_baselines() -> dict:
+    tools = {name: BASELINES / "bin" / name for name in ("llama-batched-bench", "llama-server", "llama-quantize")}
+    if not all(p.exists() for p in tools.values()) or not (BASELINES / "libfastpar.so").exists():
+        subprocess.run(["cmake", "-S", str(ROOT), "-B", str(BASELINES), "-DCMAKE_BUILD_TYPE=Release",
+                        "-DFASTPAR_BUILD_BASELINES=ON", "-DFASTPAR_BUILD_PYTHON=OFF"], check=True)
+        subprocess.run(["cmake", "--build", str(BASELINES), "-j", str(os.cpu_count()), "--target",
+                        *tools, "fastpar"], check=True)
+    return {k: str(v) for k, v in tools.items()}
+
+
+def build_capi_bench() -> str:
+    out = BASELINES / "bench_capi"
+    src = HERE / "c" / "bench_capi.c"
+    lib = pathlib.Path(fastpar.get_library())
+    if not out.exists() or out.stat().st_mtime < src.stat().st_mtime:
+        subprocess.run(["cc", "-O2", "-std=c11", "-Wall", "-Werror", str(src), f"-I{fastpar.get_include()}", f"-L{lib.parent}",
+                        "-lfastpar", f"-Wl,-rpath,{lib.parent}", "-o", str(out)], check=True)
+    return str(out)
+
+
+def peer_python() -> str:
+    """A venv with llama-cpp-python built from the same pinned sdist as our llama.cpp."""
+    py = PEER_VENV / "bin" / "python"
+    if py.exists() and subprocess.run([str(py), "-c", "import llama_cpp"], capture_output=True).returncode == 0:
+        return str(py)
+    sys.path.insert(0, str(ROOT / "src"))
+    from fastpar._fetch import fetch_pinned  # the same pinned, checksummed artefact
+
+    sdist = fetch_pinned("llama_cpp_python==0.3.36", SDIST,
+                         "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e", sdist=True)
+    subprocess.run([sys.executable, "-m", "venv", str(PEER_VENV)], check=True)
+    subprocess.run([str(py), "-m", "pip", "install", "-q", str(sdist)], check=True)
+    return str(py)
+
+
+# ----------------------------------------------------------------------------- stages
+
+def stage0(tools, w, sampler, threads):
+    name, model_path, n_req, n_par, pl, gl, shared = w
+    cmd = [tools["llama-batched-bench"], "-m", model_path, "-c", str(n_par * (pl + gl + 16)), "-b", "512",
+           "-ub", "512", "-npp", str(pl), "-ntg", str(gl), "-npl", str(n_par), "-t", str(threads), "-no-kvu"]
+    if shared:
+        cmd = [c for c in cmd if c != "-no-kvu"] + ["-pps", "-kvu"]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    row = [ln for ln in out.splitlines() if ln.startswith("|") and ln.split("|")[1].strip().isdigit()][-1]
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    t_total = float(cells[8])
+    # One wave of n_par sequences; n_req / n_par such waves take proportionally longer.
+    waves = n_req / n_par
+    n_prompt = (pl if shared else n_par * pl) * waves
+    return dict(wall_s=t_total * waves, n_prompt_tokens=n_prompt, n_gen_tokens=n_par * gl * waves)
+
+
+def stage1(binary, w, sampler, threads, prompts, tmpdir):
+    name, model_path, n_req, n_par, pl, gl, _ = w
+    pfile = tmpdir / f"{name}.prompts"
+    pfile.write_text("\n".join(prompts) + "\n")
+    s = SAMPLERS[sampler]
+    out = subprocess.run([binary, model_path, str(pfile), str(n_par), str(pl + gl + 8), str(gl), str(s["temperature"]),
+                          str(s["top_k"]), str(s["top_p"]), str(threads)], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def stage2(models, w, sampler, threads, prompts):
+    name, model_path, n_req, n_par, pl, gl, _ = w
+    ctx = fastpar.Context(models[model_path], n_parallel=n_par, n_ctx_per_seq=pl + gl + 8, n_threads=threads)
+    t0 = time.perf_counter()
+    res = fastpar.generate_parallel(ctx, prompts, max_tokens=gl, ignore_eos=True, min_p=0.0, seed=42,
+                                    **SAMPLERS[sampler])
+    wall = time.perf_counter() - t0
+    return dict(wall_s=wall, n_prompt_tokens=sum(c.n_prompt_tokens for c in res),
+                n_gen_tokens=sum(c.n_gen_tokens for c in res), failed=sum(c.finish_reason == "error" for c in res))
+
+
+def _clients(n_clients, prompts, send):
+    """Feed prompts to n_clients threads calling send(prompt) -> (n_prompt, n_gen)."""
+    it = iter(prompts)
+    lock = threading.Lock()
+    totals = [0, 0]
+
+    def client():
+        while True:
+            with lock:
+                p = next(it, None)
+            if p is None:
+                return
+            a, b = send(p)
+            with lock:
+                totals[0] += a
+                totals[1] += b
+
+    threads = [threading.Thread(target=client) for _ in range(n_clients)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return time.perf_counter() - t0, totals
+
+
+def stage3(models, w, sampler, threads, prompts):
+    name, model_path, n_req, n_par, pl, gl, _ = w
+    with fastpar.Engine(models[model_path], n_parallel=n_par, n_ctx_per_seq=pl + gl + 8, n_threads=threads) as e:
+        def send(p):
+            c = e.submit(p, max_tokens=gl, ignore_eos=True, min_p=0.0, seed=42, **SAMPLERS[sampler]).result()
+            return c.n_prompt_tokens, c.n_gen_tokens
+
+        wall, (n_prompt, n_gen) = _clients(8, prompts, send)
+    return dict(wall_s=wall, n_prompt_tokens=n_prompt, n_gen_tokens=n_gen)
+
+
+class Server:
+    """llama-server on a free loopback port, for one model and slot count."""
+
+    def __init__(self, binary, model_path, n_par, n_ctx_per_seq, threads):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.proc = subprocess.Popen(
+            [binary, "-m", model_path, "-np", str(n_par), "-c", str(n_par * n_ctx_per_seq), "-t", str(threads),
+             "--host", "127.0.0.1", "--port", str(self.port), "-b", "512", "-ub", "512", "--no-webui"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=1) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.2)
+        self.close()
+        raise RuntimeError("llama-server did not become healthy in 120 s")
+
+    def complete(self, prompt, n_predict, sampler):
+        s = SAMPLERS[sampler]
+        body = dict(prompt=prompt, n_predict=n_predict, ignore_eos=True, cache_prompt=False, seed=42,
+                    temperature=s["temperature"], top_k=s["top_k"], top_p=s["top_p"], min_p=0.0)
+        req = urllib.request.Request(f"http://127.0.0.1:{self.port}/completion", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=600) as r:
+            out = json.loads(r.read())
+        return out["tokens_evaluated"], out["tokens_predicted"]
+
+    def close(self):
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def stage4(tools, w, sampler, threads, prompts):
+    name, model_path, n_req, n_par, pl, gl, _ = w
+    server = Server(tools["llama-server"], model_path, n_par, pl + gl + 8, threads)
+    try:
+        wall, (n_prompt, n_gen) = _clients(n_par, prompts, lambda p: server.complete(p, gl, sampler))
+    finally:
+        server.close()
+    return dict(wall_s=wall, n_prompt_tokens=n_prompt, n_gen_tokens=n_gen)
+
+
+PEER_SCRIPT = r"""
+import json, sys, time
+import llama_cpp
+cfg = json.loads(sys.stdin.read())
+llm = llama_cpp.Llama(cfg["model"], n_ctx=cfg["n_ctx"], n_threads=cfg["threads"], n_threads_batch=cfg["threads"],
+                      n_batch=512, verbose=False, seed=42)
+eos = llm.token_eos()
+n_prompt = n_gen = 0
+t0 = time.perf_counter()
+for p in cfg["prompts"]:
+    out = llm.create_completion(p, max_tokens=cfg["gen"], logit_bias={eos: -1e9}, min_p=0.0, **cfg["sampler"])
+    n_prompt += out["usage"]["prompt_tokens"]
+    n_gen += out["usage"]["completion_tokens"]
+print(json.dumps(dict(wall_s=time.perf_counter() - t0, n_prompt_tokens=n_prompt, n_gen_tokens=n_gen)))
+"""
+
+
+def stage5(peer_py, w, sampler, threads, prompts):
+    name, model_path, n_req, n_par, pl, gl, _ = w
+    cfg = dict(model=model_path, n_ctx=pl + gl + 8, threads=threads, prompts=prompts, gen=gl,
+               sampler=SAMPLERS[sampler])
+    out = subprocess.run([peer_py, "-c", PEER_SCRIPT], input=json.dumps(cfg), capture_output=True, text=True,
+                         check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+# ----------------------------------------------------------------------------- report
+
+def summarise(runs):
+    """runs: list of dicts -> medians of wall, gen tok/s and total tok/s."""
+    gen = statistics.median(r["n_gen_tokens"] / r["wall_s"] for r in runs)
+    total = statistics.median((r["n_gen_tokens"] + r["n_prompt_tokens"]) / r["wall_s"] for r in runs)
+    return dict(gen_tok_s=gen, total_tok_s=total, wall_s=statistics.median(r["wall_s"] for r in runs))
+
+
+def markdown(results, stages):
+    lines = ["| workload | sampler | stage | gen tok/s | total tok/s | ratio to stage 0 (total) |",
+             "|---|---|---|---:|---:|---:|"]
+    for key, per_stage in results.items():
+        wname, sampler = key.split("|")
+        base = per_stage.get("0", {}).get("summary", {}).get("total_tok_s")
+        for st in stages:
+            s = per_stage.get(str(st), {}).get("summary")
+            if not s:
+                continue
+            ratio = f"{s['total_tok_s'] / base:.2f}" if base else "-"
+            lines.append(f"| {wname} | {sampler} | {st}: {STAGES[st]} | {s['gen_tok_s']:.1f} | "
+                         f"{s['total_tok_s']:.1f} | {ratio} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(results, stages, path):
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib not installed: no plot (pip install matplotlib)")
+        return
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=False)
+    for ax, pl in zip(axes, (32, 128)):
+        for st in stages:
+            xs, ys = [], []
+            for p in (1, 2, 4, 8, 16, 32):
+                r = results.get(f"W2-pp{pl}-np{p}|greedy", {}).get(str(st), {}).get("summary")
+                if r:
+                    xs.append(p)
+                    ys.append(r["gen_tok_s"])
+            if xs:
+                ax.plot(xs, ys, marker="o", label=f"{st}: {STAGES[st]}")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("parallel sequences")
+        ax.set_ylabel("generated tokens/s")
+        ax.set_title(f"W2: default model, {pl}-token prompts, greedy")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workloads", default="W1,W2,W3,W4")
+    parser.add_argument("--samplers", default="greedy,typical")
+    parser.add_argument("--stages", default="0,1,2,3,4,5")
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=os.cpu_count())
+    parser.add_argument("--host-kind", default=f"{platform.machine()}-{os.cpu_count()}cpu")
+    parser.add_argument("--quick", action="store_true",
+                        help="smoke-test the harness: one wave per workload, 8 new tokens (not for quoting)")
+    args = parser.parse_args()
+    if args.quick:
+        args.host_kind += "-quick"
+    stages = [int(s) for s in args.stages.split(",")]
+    samplers = args.samplers.split(",")
+
+    tools = build_baselines()
+    sys.path.insert(0, str(HERE))
+    from make_speed_model import build as build_speed_model
+
+    speed_model = str(build_speed_model(tools["llama-quantize"], "Q4_K_M"))
+    default_model = fastpar.default_model_path()
+    capi = build_capi_bench() if 1 in stages else None
+    peer_py = peer_python() if 5 in stages else None
+    models = {p: fastpar.Model(p) for p in (default_model, speed_model)}
+    tmpdir = BASELINES / "bench-tmp"
+    tmpdir.mkdir(exist_ok=True)
+
+    results: dict = {}
+    for w in workloads(args.workloads.split(","), default_model, speed_model):
+        if args.quick:
+            w = (w[0], w[1], w[3], w[3], w[4], 8, w[6])
+        name, model_path, n_req, n_par, pl, gl, shared = w
+        prompts = make_prompts(models[model_path], n_req, pl, shared)
+        for sampler in samplers:
+            key = f"{name}|{sampler}"
+            per_stage = results.setdefault(key, {})
+            for rep in range(args.reps):  # interleaved: drift hits every stage alike
+                for st in stages:
+                    if st == 0:
+                        r = stage0(tools, w, sampler, args.threads)
+                    elif st == 1:
+                        r = stage1(capi, w, sampler, args.threads, prompts, tmpdir)
+                    elif st == 2:
+                        r = stage2(models, w, sampler, args.threads, prompts)
+                    elif st == 3:
+                        r = stage3(models, w, sampler, args.threads, prompts)
+                    elif st == 4:
+                        r = stage4(tools, w, sampler, args.threads, prompts)
+                    else:
+                        r = stage5(peer_py, w, sampler, args.threads, prompts)
+                    per_stage.setdefault(str(st), {"runs": []})["runs"].append(r)
+                    print(f"{key} rep {rep} stage {st}: {r['n_gen_tokens'] / r['wall_s']:.1f} gen tok/s, "
+                          f"{(r['n_gen_tokens'] + r['n_prompt_tokens']) / r['wall_s']:.1f} tok/s", flush=True)
+            for st_result in per_stage.values():
+                st_result["summary"] = summarise(st_result["runs"])
+
+    stem = HERE / "results" / f"{datetime.date.today().isoformat()}-{args.host_kind}"
+    meta = dict(date=datetime.date.today().isoformat(), host_kind=args.host_kind, threads=args.threads,
+                machine=platform.processor() or platform.machine(), fastpar=fastpar.__version__,
+                llama_cpp="0c1e57098", reps=args.reps, stages=STAGES,
+                command="python bench/run.py " + " ".join(sys.argv[1:]))
+    stem.with_suffix(".json").write_text(json.dumps(dict(meta=meta, results=results), indent=2) + "\n")
+    table = markdown(results, stages)
+    stem.with_suffix(".md").write_text(f"# fastpar benchmarks, {meta['date']}, {args.host_kind}\n\n"
+                                       f"Command: `{meta['command']}`; medians of {args.reps} runs.\n\n{table}")
+    plot(results, stages, stem.with_suffix(".png"))
+    print(table)
+    print(f"wrote {stem}.json/.md/.png")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
