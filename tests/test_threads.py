@@ -36,25 +36,8 @@ def test_gil_released_other_thread_progresses(model):
     assert ticks > 0.1 * elapsed * 1000, (ticks, elapsed)
 
 
-def test_two_threads_on_one_context_take_turns(model, solo):
-    ctx = fastpar.Context(model, n_parallel=4, n_ctx_per_seq=256)
-    out: dict = {}
-
-    def run(name, prompts):
-        out[name] = fastpar.generate_parallel(ctx, prompts, max_tokens=48, **GREEDY)
-
-    threads = [threading.Thread(target=run, args=(i, PROMPTS[4 * i: 4 * i + 4])) for i in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    for i in range(2):
-        assert [c.token_ids for c in out[i]] == [solo(p) for p in PROMPTS[4 * i: 4 * i + 4]]
-    assert_clean(ctx)
-
-
-def test_two_contexts_of_one_model_run_in_parallel(model, solo):
-    ctxs = [fastpar.Context(model, n_parallel=4, n_ctx_per_seq=256, n_threads=1) for _ in range(2)]
+def _generate_in_two_threads(ctxs, solo):
+    """Thread i runs prompts 4i..4i+3 on ctxs[i]; each result must equal its solo run."""
     out: dict = {}
 
     def run(i):
@@ -68,3 +51,13 @@ def test_two_contexts_of_one_model_run_in_parallel(model, solo):
     for i in range(2):
         assert [c.token_ids for c in out[i]] == [solo(p) for p in PROMPTS[4 * i: 4 * i + 4]]
         assert_clean(ctxs[i])
+
+
+def test_two_threads_on_one_context_take_turns(model, solo):
+    ctx = fastpar.Context(model, n_parallel=4, n_ctx_per_seq=256)
+    _generate_in_two_threads([ctx, ctx], solo)
+
+
+def test_two_contexts_of_one_model_run_in_parallel(model, solo):
+    ctxs = [fastpar.Context(model, n_parallel=4, n_ctx_per_seq=256, n_threads=1) for _ in range(2)]
+    _generate_in_two_threads(ctxs, solo)

@@ -127,8 +127,8 @@ class Context:
         return self._ctx.n_threads
 
     @property
-    def last_stats(self) -> Optional[_core.Stats]:
-        """Statistics of the last ``generate_parallel`` call on this context."""
+    def last_stats(self) -> _core.Stats:
+        """Statistics of the last ``generate_parallel`` call on this context (zeros before any)."""
         return self._ctx.last_stats
 
     def kv_seq_pos_max(self) -> List[int]:
