@@ -16,12 +16,13 @@ Prints the path of the model; files are cached in $FASTPAR_CACHE/speed-models (d
 from __future__ import annotations
 
 import argparse
-import os
 import pathlib
 import subprocess
 import sys
 
 import numpy as np
+
+from fastpar._fetch import cache_dir
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 VOCAB = ROOT / "vendor" / "llama.cpp" / "models" / "ggml-vocab-qwen2.gguf"
@@ -30,11 +31,6 @@ VOCAB = ROOT / "vendor" / "llama.cpp" / "models" / "ggml-vocab-qwen2.gguf"
 SHAPE = dict(n_layer=28, n_embd=1024, n_head=16, n_head_kv=8, head_dim=128, n_ff=3072,
              n_ctx_train=40960, rope_theta=1_000_000.0, rms_eps=1e-6)
 SEED = 0  # the same weights on every machine
-
-
-def cache_dir() -> pathlib.Path:
-    env = os.environ.get("FASTPAR_CACHE")
-    return (pathlib.Path(env) if env else pathlib.Path.home() / ".cache" / "fastpar") / "speed-models"
 
 
 def write_f16(path: pathlib.Path) -> None:
@@ -100,7 +96,7 @@ def write_f16(path: pathlib.Path) -> None:
 
 
 def build(quantize_bin: str, qtype: str) -> pathlib.Path:
-    out_dir = cache_dir()
+    out_dir = cache_dir() / "speed-models"
     out_dir.mkdir(parents=True, exist_ok=True)
     f16 = out_dir / "qwen3-0.6b-shape-F16.gguf"
     target = out_dir / f"qwen3-0.6b-shape-{qtype}.gguf"

@@ -24,7 +24,6 @@ import os
 import pathlib
 import platform
 import random
-import shutil
 import socket
 import statistics
 import subprocess
@@ -125,7 +124,6 @@ def peer_python() -> str:
     py = PEER_VENV / "bin" / "python"
     if py.exists() and subprocess.run([str(py), "-c", "import llama_cpp"], capture_output=True).returncode == 0:
         return str(py)
-    sys.path.insert(0, str(ROOT / "src"))
     from fastpar._fetch import fetch_pinned  # the same pinned, checksummed artefact
 
     sdist = fetch_pinned("llama_cpp_python==0.3.36", SDIST,

@@ -233,10 +233,7 @@ void Engine::close() {
         tasks.swap(tasks_);
     }
     for (auto & request : leftover) {  // never reached the scheduler
-        Completion c;
-        c.finish_reason = FinishReason::Cancelled;
-        c.t_total_ms = std::chrono::duration<double, std::milli>(Clock::now() - request.t_submit).count();
-        request.on_done(std::move(c));
+        Scheduler::complete_unstarted(request, FinishReason::Cancelled, "");
     }
     for (auto & task : tasks) {
         task();  // answers pending queries from the (now idle) context

@@ -78,10 +78,6 @@ void Scheduler::complete_unstarted(Request & request, FinishReason reason, const
     request.on_done(std::move(c));
 }
 
-size_t Scheduler::n_active() const {
-    return static_cast<size_t>(std::count_if(slots_.begin(), slots_.end(), [](const auto & s) { return s->active; }));
-}
-
 void Scheduler::reap_cancelled() {
     for (auto & s : slots_) {
         if (s->active && s->request.cancel && s->request.cancel->load()) {

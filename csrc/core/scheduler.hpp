@@ -47,14 +47,14 @@ public:
 
     void enqueue(Request request);
     bool idle() const;
-    size_t n_queued() const { return queue_.size(); }
-    size_t n_active() const;
     // One round: admit queued requests into free slots, build one batch, decode, sample,
     // retire finished slots.
     void step();
     // Ends every queued and running request with finish_reason "cancelled" and removes
     // their KV. Never throws.
     void cancel_all() noexcept;
+    // Ends a request that never got a slot (its on_done gets an empty completion).
+    static void complete_unstarted(Request & request, FinishReason reason, const std::string & error);
 
 private:
     struct Slot;
@@ -65,7 +65,6 @@ private:
     void decode_group(std::vector<Slot *> group);
     void sample(Slot & slot);
     void finish(Slot & slot, FinishReason reason, const std::string & error = std::string());
-    static void complete_unstarted(Request & request, FinishReason reason, const std::string & error);
 
     const Model & model_;
     llama_context * ctx_;
