@@ -44,7 +44,7 @@ STAGES = {
     0: "raw llama.cpp (llama-batched-bench)",
     1: "fastpar C ABI",
     2: "fastpar generate_parallel",
-    3: "fastpar Engine, 8 threads",
+    3: "fastpar Engine, max(8, N) client threads",
     4: "llama-server -np N, N clients",
     5: "llama-cpp-python, one at a time",
 }
@@ -205,7 +205,8 @@ def stage3(models, w, sampler, threads, prompts):
             c = e.submit(p, max_tokens=gl, ignore_eos=True, min_p=0.0, seed=42, **SAMPLERS[sampler]).result()
             return c.n_prompt_tokens, c.n_gen_tokens
 
-        wall, (n_prompt, n_gen) = _clients(8, prompts, send)
+        # 8 client threads, or one per slot where there are more slots: fewer would leave slots idle.
+        wall, (n_prompt, n_gen) = _clients(max(8, n_par), prompts, send)
     return dict(wall_s=wall, n_prompt_tokens=n_prompt, n_gen_tokens=n_gen)
 
 
@@ -350,6 +351,8 @@ def main() -> int:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--host-kind", default=f"{platform.machine()}-{os.cpu_count()}cpu")
+    parser.add_argument("--merge", action="store_true",
+                        help="add to (or replace rows of) today's results file for this host instead of starting anew")
     parser.add_argument("--quick", action="store_true",
                         help="smoke-test the harness: one wave per workload, 8 new tokens (not for quoting)")
     args = parser.parse_args()
@@ -370,7 +373,28 @@ def main() -> int:
     tmpdir = BASELINES / "bench-tmp"
     tmpdir.mkdir(exist_ok=True)
 
+    stem = HERE / "results" / f"{datetime.date.today().isoformat()}-{args.host_kind}"
+    command = "python bench/run.py " + " ".join(sys.argv[1:])
     results: dict = {}
+    commands: list = []
+    if args.merge and stem.with_suffix(".json").exists():
+        old = json.loads(stem.with_suffix(".json").read_text())
+        results, commands = old["results"], old["meta"].get("commands", [old["meta"].get("command")])
+    commands.append(command)
+    meta = dict(date=datetime.date.today().isoformat(), host_kind=args.host_kind, threads=args.threads,
+                machine=platform.processor() or platform.machine(), fastpar=fastpar.__version__,
+                llama_cpp="0c1e57098", reps=args.reps, stages=STAGES, commands=commands)
+
+    def write():
+        stem.parent.mkdir(exist_ok=True)
+        stem.with_suffix(".json").write_text(json.dumps(dict(meta=meta, results=results), indent=2) + "\n")
+        table = markdown(results, sorted({int(s) for r in results.values() for s in r}))
+        cmds = "\n".join(f"* `{c}`" for c in commands)
+        stem.with_suffix(".md").write_text(f"# fastpar benchmarks, {meta['date']}, {args.host_kind}\n\n"
+                                           f"Medians of {args.reps} interleaved runs. Commands:\n\n{cmds}\n\n{table}")
+        plot(results, stages, stem.with_suffix(".png"))
+        return table
+
     for w in workloads(args.workloads.split(","), default_model, speed_model):
         if args.quick:
             w = (w[0], w[1], w[3], w[3], w[4], 8, w[6])
@@ -378,7 +402,7 @@ def main() -> int:
         prompts = make_prompts(models[model_path], n_req, pl, shared)
         for sampler in samplers:
             key = f"{name}|{sampler}"
-            per_stage = results.setdefault(key, {})
+            per_stage = results[key] = {}  # a rerun replaces, never mixes with, older runs
             for rep in range(args.reps):  # interleaved: drift hits every stage alike
                 for st in stages:
                     if st == 0:
@@ -398,17 +422,8 @@ def main() -> int:
                           f"{(r['n_gen_tokens'] + r['n_prompt_tokens']) / r['wall_s']:.1f} tok/s", flush=True)
             for st_result in per_stage.values():
                 st_result["summary"] = summarise(st_result["runs"])
+            table = write()  # after every workload: a long run interrupted keeps what it measured
 
-    stem = HERE / "results" / f"{datetime.date.today().isoformat()}-{args.host_kind}"
-    meta = dict(date=datetime.date.today().isoformat(), host_kind=args.host_kind, threads=args.threads,
-                machine=platform.processor() or platform.machine(), fastpar=fastpar.__version__,
-                llama_cpp="0c1e57098", reps=args.reps, stages=STAGES,
-                command="python bench/run.py " + " ".join(sys.argv[1:]))
-    stem.with_suffix(".json").write_text(json.dumps(dict(meta=meta, results=results), indent=2) + "\n")
-    table = markdown(results, stages)
-    stem.with_suffix(".md").write_text(f"# fastpar benchmarks, {meta['date']}, {args.host_kind}\n\n"
-                                       f"Command: `{meta['command']}`; medians of {args.reps} runs.\n\n{table}")
-    plot(results, stages, stem.with_suffix(".png"))
     print(table)
     print(f"wrote {stem}.json/.md/.png")
     return 0
