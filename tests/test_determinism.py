@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import fastpar
-from conftest import PROMPTS, assert_clean
+import pytest
+
+from conftest import ON_GPU, PROMPTS, assert_clean
 
 SAMPLED = dict(temperature=0.8, top_k=40, top_p=0.95, seed=1234, max_tokens=32)
 
@@ -16,6 +18,8 @@ def test_sampled_runs_repeat_exactly(model):
     assert_clean(ctx)
 
 
+@pytest.mark.skipif(ON_GPU, reason="on a GPU a sequence's row in the batch changes how its logits round "
+                    "(tests/conftest.py, GREEDY); test_isolation's batch-mates test holds there")
 def test_sampled_output_does_not_depend_on_position(model):
     ctx = fastpar.Context(model, n_parallel=8, n_ctx_per_seq=256)
     base = fastpar.generate_parallel(ctx, PROMPTS, **SAMPLED)

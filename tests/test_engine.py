@@ -11,7 +11,7 @@ import time
 import pytest
 
 import fastpar
-from conftest import GREEDY, MORE_PROMPTS
+from conftest import GREEDY, MORE_PROMPTS, assert_as_solo
 
 # Mixed prompt lengths: short ones and a few long ones (a couple of hundred tokens).
 LONG = ("Summarise the following notes. " + "The meeting covered budgets, hiring, and the roadmap. " * 12)
@@ -54,7 +54,7 @@ def test_engine_threads_outputs_equal_alone(engine, solo):
     for i, prompt in jobs:
         c = requests[i].result(timeout=300)
         assert c.finish_reason in ("stop", "length"), c.error
-        assert c.token_ids == solo(prompt, 32), f"request {i} differs from its solo run"
+        assert_as_solo([c], [prompt], solo, 32)
         assert c.t_queued_ms >= 0 and c.t_first_token_ms >= c.t_queued_ms and c.t_total_ms >= c.t_first_token_ms
     s = engine.stats()
     assert s.n_submitted == 40 and s.n_completed == 40 and s.n_failed == 0 and s.n_cancelled == 0
@@ -89,7 +89,7 @@ def test_engine_cancellation_leaves_others_intact(engine, solo):
         else:
             # Either never cancelled, or the cancel came after it had finished.
             assert c.finish_reason in ("stop", "length")
-            assert c.token_ids == solo(prompt, 32)
+            assert_as_solo([c], [prompt], solo, 32)
     assert n_cancelled >= 5  # most cancels land while queued or running
     assert engine.stats().n_cancelled == n_cancelled
     assert engine.kv_seq_pos_max() == [-1] * 8
@@ -114,16 +114,20 @@ def test_streaming_holds_back_stop_strings(engine):
 
 
 def test_queue_full_is_an_error_not_a_hang(model):
+    long = dict(max_tokens=200, ignore_eos=True, **GREEDY)
     with fastpar.Engine(model, n_parallel=1, n_ctx_per_seq=256, max_queued=2) as e:
-        first = [e.submit("Once upon a time", max_tokens=200, ignore_eos=True, **GREEDY) for _ in range(2)]
+        running = e.submit("Once upon a time", **long)
+        next(iter(running))  # it holds the only slot now
+        waiting = [e.submit("Once upon a time", **long) for _ in range(2)]
         with pytest.raises(fastpar.QueueFull, match="max_queued=2"):
-            e.submit("x", max_tokens=1)  # two wait already (the slot may not have taken one yet)
-        next(iter(first[0]))  # the first is running now: one place in the queue is free
-        first.append(e.submit("x", max_tokens=1))
+            e.submit("x", max_tokens=1)
         assert e.stats().n_queued == 2 and e.stats().n_active == 1
+        running.cancel()
+        next(iter(waiting[0]))  # the next one took the slot: one place in the queue is free
+        waiting.append(e.submit("x", max_tokens=1))
         with pytest.raises(fastpar.QueueFull):
             e.submit("x", max_tokens=1)
-        for r in first:
+        for r in waiting:
             r.cancel()
 
 
@@ -183,7 +187,7 @@ def test_asyncio_agenerate_does_not_block_the_loop(engine, solo):
         return results, ticks, elapsed
 
     results, ticks, elapsed = asyncio.run(main())
-    assert [c.token_ids for c in results] == [solo(p, 32) for p in prompts]
+    assert_as_solo(results, prompts, solo, 32)
     assert ticks > 0.3 * elapsed / 0.01, (ticks, elapsed)
 
 

@@ -59,6 +59,7 @@ typedef struct fastpar_context_params {
     int32_t n_batch;       /* most tokens per llama_decode call, >= n_parallel */
     int32_t n_threads;     /* 0 = one per hardware thread */
     bool kv_unified;
+    int32_t device_sampling; /* whole model on a GPU: 1 sample there, 0 on the host, -1 auto */
 } fastpar_context_params;
 
 typedef struct fastpar_generate_params {
@@ -75,6 +76,7 @@ typedef struct fastpar_generate_params {
     const char * const * stop; /* n_stop NUL-terminated stop strings, or NULL */
     int32_t n_stop;
     bool ignore_eos;
+    bool logprobs;             /* fill fastpar_completion.logprobs */
 } fastpar_generate_params;
 
 typedef struct fastpar_completion {
@@ -85,6 +87,7 @@ typedef struct fastpar_completion {
     int32_t n_prompt_tokens;
     fastpar_finish_reason finish_reason;
     char * error;       /* NULL unless finish_reason == FASTPAR_FINISH_ERROR */
+    float * logprobs;   /* n_gen_tokens log-probabilities, or NULL unless logprobs was asked for */
 } fastpar_completion;
 
 typedef struct fastpar_stats {
@@ -100,6 +103,7 @@ typedef struct fastpar_stats {
     double total_tokens_per_s;
     int64_t n_decode_calls;
     int64_t n_kv_full_retries;
+    int64_t n_device_sampled; /* tokens sampled by llama.cpp on the GPU */
 } fastpar_stats;
 
 FASTPAR_API const char * fastpar_version(void);

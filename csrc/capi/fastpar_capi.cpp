@@ -72,6 +72,7 @@ fastpar::GenerateParams to_core(const fastpar_generate_params & p) {
     g.repeat_last_n = p.repeat_last_n;
     g.seed = p.seed;
     g.ignore_eos = p.ignore_eos;
+    g.logprobs = p.logprobs;
     if (p.n_stop < 0 || (p.n_stop > 0 && p.stop == nullptr)) {
         throw std::invalid_argument("stop must point to n_stop strings (n_stop >= 0)");
     }
@@ -99,13 +100,13 @@ fastpar_model_params fastpar_model_default_params(void) {
 
 fastpar_context_params fastpar_context_default_params(void) {
     const fastpar::ContextParams d;
-    return {d.n_parallel, d.n_ctx_per_seq, d.n_batch, d.n_threads, d.kv_unified};
+    return {d.n_parallel, d.n_ctx_per_seq, d.n_batch, d.n_threads, d.kv_unified, d.device_sampling};
 }
 
 fastpar_generate_params fastpar_generate_default_params(void) {
     const fastpar::GenerateParams d;
     return {d.max_tokens, d.temperature, d.top_k, d.top_p, d.min_p, d.repeat_penalty, d.presence_penalty,
-            d.frequency_penalty, d.repeat_last_n, d.seed, nullptr, 0, d.ignore_eos};
+            d.frequency_penalty, d.repeat_last_n, d.seed, nullptr, 0, d.ignore_eos, d.logprobs};
 }
 
 fastpar_status fastpar_model_load(const char * path, fastpar_model_params params, fastpar_model ** model_out) {
@@ -137,6 +138,7 @@ fastpar_status fastpar_context_new(fastpar_model * model, fastpar_context_params
         cp.n_batch = params.n_batch;
         cp.n_threads = params.n_threads;
         cp.kv_unified = params.kv_unified;
+        cp.device_sampling = params.device_sampling;
         auto handle = std::make_unique<fastpar_context>();
         handle->ctx = std::make_unique<fastpar::Context>(model->model, cp);
         *ctx_out = handle.release();
@@ -187,6 +189,13 @@ fastpar_status fastpar_generate_parallel(fastpar_context * ctx, const char * con
                     throw std::bad_alloc();
                 }
                 std::copy(c.token_ids.begin(), c.token_ids.end(), r.token_ids);
+                if (!c.logprobs.empty()) {
+                    r.logprobs = static_cast<float *>(std::malloc(sizeof(float) * c.logprobs.size()));
+                    if (r.logprobs == nullptr) {
+                        throw std::bad_alloc();
+                    }
+                    std::copy(c.logprobs.begin(), c.logprobs.end(), r.logprobs);
+                }
                 r.n_prompt_tokens = c.n_prompt_tokens;
                 r.finish_reason = static_cast<fastpar_finish_reason>(c.finish_reason);
                 r.error = c.finish_reason == fastpar::FinishReason::Error ? dup_string(c.error) : nullptr;
@@ -208,6 +217,7 @@ void fastpar_results_free(fastpar_completion * results, int32_t n_results) {
         std::free(results[i].text);
         std::free(results[i].token_ids);
         std::free(results[i].error);
+        std::free(results[i].logprobs);
     }
     std::free(results);
 }
@@ -229,7 +239,8 @@ fastpar_status fastpar_context_last_stats(const fastpar_context * ctx, fastpar_s
                       s.gen_tokens_per_s(),
                       s.total_tokens_per_s(),
                       s.n_decode_calls,
-                      s.n_kv_full_retries};
+                      s.n_kv_full_retries,
+                      s.n_device_sampled};
         return FASTPAR_OK;
     });
 }

@@ -21,12 +21,13 @@ void print_stats(const Stats & s) {
     std::fprintf(stderr,
                  "[fastpar] prompts %lld (failed %lld) | prompt %lld tok, %.1f ms, %.1f tok/s | "
                  "generated %lld tok, %.1f ms, %.1f tok/s | wall %.1f ms, %.1f tok/s | decode calls %lld, "
-                 "kv-full retries %lld\n",
+                 "kv-full retries %lld | backend %s, %lld tokens sampled on the device\n",
                  static_cast<long long>(s.n_prompts), static_cast<long long>(s.n_failed),
                  static_cast<long long>(s.n_prompt_tokens), s.t_prompt_ms, s.prompt_tokens_per_s(),
                  static_cast<long long>(s.n_gen_tokens), s.t_gen_ms, s.gen_tokens_per_s(), s.t_wall_ms,
                  s.total_tokens_per_s(), static_cast<long long>(s.n_decode_calls),
-                 static_cast<long long>(s.n_kv_full_retries));
+                 static_cast<long long>(s.n_kv_full_retries), backend_name(),
+                 static_cast<long long>(s.n_device_sampled));
 }
 #endif
 
@@ -63,20 +64,34 @@ Context::Context(std::shared_ptr<const Model> model, const ContextParams & param
     const auto actual = static_cast<int32_t>(params_.kv_unified ? llama_n_ctx(ctx_) : llama_n_ctx_seq(ctx_));
     n_ctx_seq_ = std::min(params_.n_ctx_per_seq, actual);
     batch_ = llama_batch_init(params_.n_batch, 0, 1);
+    // Host sampling of many sequences at once uses the decode threads' cores, idle then.
+    pool_ = std::make_unique<TaskPool>(std::max(0, n_threads_ - 1));
     llama_set_abort_callback(
         ctx_, [](void * data) { return static_cast<std::atomic<bool> *>(data)->load(); }, &abort_);
+}
+
+bool Context::device_sampling() const {
+    const bool wanted = params_.device_sampling == 1 ||
+                        (params_.device_sampling == -1 && params_.n_parallel <= kAutoDeviceSamplingSlots);
+    return wanted && model_->output_on_gpu();
 }
 
 Context::~Context() {
     llama_batch_free(batch_);
     if (ctx_ != nullptr) {
+        for (size_t seq = 0; seq < attached_.size(); ++seq) {
+            if (attached_[seq].chain) {
+                llama_set_sampler(ctx_, static_cast<llama_seq_id>(seq), nullptr);
+            }
+        }
         llama_free(ctx_);
     }
 }
 
 void Context::with_scheduler(Stats & stats, const std::function<void(Scheduler &)> & body) {
     std::lock_guard<std::mutex> lock(mutex_);
-    Scheduler scheduler(*model_, ctx_, batch_, params_.n_parallel, params_.n_batch, n_ctx_seq_, stats);
+    Scheduler scheduler(*model_, ctx_, batch_, params_.n_parallel, params_.n_batch, n_ctx_seq_, stats, pool_.get(),
+                        device_sampling() ? &attached_ : nullptr);
     try {
         body(scheduler);
     } catch (...) {

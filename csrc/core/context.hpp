@@ -10,6 +10,8 @@
 
 #include "core/model.hpp"
 #include "core/params.hpp"
+#include "core/pool.hpp"
+#include "core/scheduler.hpp"
 #include "llama.h"
 
 namespace fastpar {
@@ -49,6 +51,9 @@ public:
     // Positions one sequence may really use (n_ctx_per_seq, or less if llama.cpp gave less).
     int32_t n_ctx_per_seq() const { return n_ctx_seq_; }
     int32_t n_threads() const { return n_threads_; }
+    // Whether tokens are sampled on the GPU: device_sampling asks for it (or, auto, there
+    // are few slots) and the model's output layer runs there.
+    bool device_sampling() const;
     const std::shared_ptr<const Model> & model() const { return model_; }
 
 private:
@@ -62,6 +67,10 @@ private:
     mutable std::mutex stats_mutex_;
     Stats last_stats_;
     std::atomic<bool> abort_{false};
+    std::unique_ptr<TaskPool> pool_;
+    // Sampler chains attached to ctx_ (device sampling), one per slot, kept across calls;
+    // ~Context detaches them before it frees ctx_.
+    std::vector<AttachedSampler> attached_;
 };
 
 }  // namespace fastpar

@@ -138,7 +138,7 @@ std::shared_ptr<RequestHandle> Engine::submit(Prompt prompt, const GenerateParam
     // Counted exactly, on the worker, as the request moves: waiting -> in a slot -> done.
     auto started = std::make_shared<bool>(false);
     request.on_start = [this, started] {
-        std::lock_guard<std::mutex> lock(mutex_);
+        std::lock_guard<std::mutex> guard(mutex_);
         *started = true;
         --n_waiting_;
     };

@@ -42,6 +42,9 @@ Model::Model(const std::string & path, const ModelParams & params) : path_(path)
     }
     vocab_ = llama_model_get_vocab(model_);
     chat_template_ = llama_model_chat_template(model_, nullptr);
+    // llama.cpp offloads the output layer once n_gpu_layers exceeds the repeating layers.
+    output_on_gpu_ = llama_supports_gpu_offload() &&
+                     (params.n_gpu_layers < 0 || params.n_gpu_layers > llama_model_n_layer(model_));
 }
 
 Model::~Model() {

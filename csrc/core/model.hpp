@@ -26,6 +26,8 @@ public:
     int32_t n_ctx_train() const;
     std::string description() const;
     bool has_chat_template() const { return chat_template_ != nullptr; }
+    // True when every layer and the output layer run on a GPU (n_gpu_layers covers them all).
+    bool output_on_gpu() const { return output_on_gpu_; }
 
     // Tokens of `text`, with the vocabulary's BOS/EOS rules and special tokens parsed.
     std::vector<llama_token> tokenize(const std::string & text) const;
@@ -40,6 +42,7 @@ private:
     llama_model * model_ = nullptr;
     const llama_vocab * vocab_ = nullptr;
     const char * chat_template_ = nullptr;
+    bool output_on_gpu_ = false;
 };
 
 // The backend this library was compiled for: "cpu", "cuda" or "metal".

@@ -53,6 +53,9 @@ void validate(const ContextParams & p) {
         bad("n_batch (" + std::to_string(p.n_batch) + ") must be at least n_parallel (" +
             std::to_string(p.n_parallel) + "): every slot adds a token to each batch");
     }
+    if (p.device_sampling < -1 || p.device_sampling > 1) {
+        bad("device_sampling must be -1 (auto), 0 (host) or 1 (GPU), got " + std::to_string(p.device_sampling));
+    }
     if (p.n_threads < 0) {
         bad("n_threads must be 0 (one per hardware thread) or positive, got " + std::to_string(p.n_threads));
     }

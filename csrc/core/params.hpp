@@ -14,12 +14,20 @@ struct ModelParams {
     bool use_mmap = true;      // map the GGUF file instead of reading it into memory
 };
 
+// Up to this many slots, device_sampling=-1 samples on the GPU.
+constexpr int32_t kAutoDeviceSamplingSlots = 8;
+
 struct ContextParams {
     int32_t n_parallel = 8;        // slots: prompts decoded together (seq_id 0..n_parallel-1), 1..256
     int32_t n_ctx_per_seq = 2048;  // positions ONE prompt plus its generation may use; KV = n_parallel x this
     int32_t n_batch = 512;         // most tokens in one llama_decode call; >= n_parallel
     int32_t n_threads = 0;         // CPU threads; 0 = one per hardware thread
     bool kv_unified = false;       // one KV buffer for all slots (helps shared prefixes, slower otherwise)
+    // With the whole model on a GPU: 1 = sample inside llama.cpp's graph on the GPU (only
+    // the token comes back), 0 = copy the logits back and sample on the host, many
+    // sequences at once; -1 = auto: the GPU up to kAutoDeviceSamplingSlots slots, the host
+    // above (measured faster there: bench/README.md).
+    int32_t device_sampling = -1;
 };
 
 struct GenerateParams {
@@ -35,6 +43,7 @@ struct GenerateParams {
     int64_t seed = -1;                // sampler seed, the same for every prompt; -1 = random
     std::vector<std::string> stop;    // stop strings: the text ends before the first match
     bool ignore_eos = false;          // keep generating past end-of-generation tokens
+    bool logprobs = false;            // also return each token's log-probability (samples on the host)
 };
 
 enum class FinishReason : int32_t {
@@ -61,6 +70,8 @@ struct Prompt {
 struct Completion {
     std::string text;                 // valid UTF-8 (invalid bytes replaced by U+FFFD)
     std::vector<int32_t> token_ids;   // generated tokens, end-of-generation token excluded
+    std::vector<float> logprobs;      // with GenerateParams::logprobs: log p(token) under the model
+                                      // (softmax of the raw logits), one per token_ids entry
     FinishReason finish_reason = FinishReason::Error;
     std::string error;                // empty unless finish_reason == Error
     int32_t n_prompt_tokens = 0;      // prompt tokens decoded for this prompt
@@ -83,6 +94,7 @@ struct Stats {
     double t_wall_ms = 0;         // wall time of the whole call
     int64_t n_decode_calls = 0;   // llama_decode calls, retries included
     int64_t n_kv_full_retries = 0;  // llama_decode returned 1 (no KV room) and the batch was split
+    int64_t n_device_sampled = 0;   // tokens sampled by llama.cpp on the GPU, inside the graph
 
     double prompt_tokens_per_s() const { return t_prompt_ms > 0 ? 1e3 * static_cast<double>(n_prompt_tokens) / t_prompt_ms : 0.0; }
     double gen_tokens_per_s() const { return t_gen_ms > 0 ? 1e3 * static_cast<double>(n_gen_tokens) / t_gen_ms : 0.0; }

@@ -1,5 +1,7 @@
 #include "core/sampling.hpp"
 
+#include <algorithm>
+#include <cmath>
 #include <random>
 
 #include "core/errors.hpp"
@@ -12,6 +14,43 @@ uint32_t resolve_seed(const GenerateParams & params) {
     }
     std::random_device rd;
     return rd();
+}
+
+bool same_sampler(const GenerateParams & a, uint32_t seed_a, const GenerateParams & b, uint32_t seed_b) {
+    const bool greedy = a.temperature <= 0.0f;
+    return greedy == (b.temperature <= 0.0f) && a.repeat_penalty == b.repeat_penalty &&
+           a.frequency_penalty == b.frequency_penalty && a.presence_penalty == b.presence_penalty &&
+           a.repeat_last_n == b.repeat_last_n &&
+           (greedy || (a.temperature == b.temperature && a.top_k == b.top_k && a.top_p == b.top_p &&
+                       a.min_p == b.min_p && seed_a == seed_b));
+}
+
+llama_token sample_logits(llama_sampler * chain, const float * logits, int32_t n_vocab,
+                          std::vector<llama_token_data> & cur) {
+    cur.resize(static_cast<size_t>(n_vocab));
+    for (llama_token t = 0; t < n_vocab; ++t) {
+        cur[static_cast<size_t>(t)] = llama_token_data{t, logits[t], 0.0f};
+    }
+    llama_token_data_array cur_p = {cur.data(), cur.size(), -1, false};
+    llama_sampler_apply(chain, &cur_p);
+    if (cur_p.selected < 0 || cur_p.selected >= static_cast<int64_t>(cur_p.size)) {
+        throw Error("the sampler chain selected no token");
+    }
+    const llama_token token = cur_p.data[cur_p.selected].id;
+    llama_sampler_accept(chain, token);
+    return token;
+}
+
+float token_logprob(const float * logits, int32_t n_vocab, llama_token token) {
+    float max = logits[0];
+    for (int32_t i = 1; i < n_vocab; ++i) {
+        max = std::max(max, logits[i]);
+    }
+    double sum = 0.0;
+    for (int32_t i = 0; i < n_vocab; ++i) {
+        sum += std::exp(static_cast<double>(logits[i] - max));
+    }
+    return static_cast<float>(static_cast<double>(logits[token] - max) - std::log(sum));
 }
 
 SamplerPtr make_sampler(const GenerateParams & p, uint32_t seed, int32_t n_vocab) {

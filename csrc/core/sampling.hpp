@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "core/params.hpp"
 #include "llama.h"
@@ -17,6 +18,19 @@ using SamplerPtr = std::unique_ptr<llama_sampler, SamplerDeleter>;
 // penalties -> (greedy | top_k -> top_p -> min_p -> temperature -> dist(seed)).
 // `seed` is the resolved seed (never -1).
 SamplerPtr make_sampler(const GenerateParams & params, uint32_t seed, int32_t n_vocab);
+
+// True when make_sampler(a, seed_a) and make_sampler(b, seed_b) build the same chain, so
+// a chain built for one can be reset and reused for the other.
+bool same_sampler(const GenerateParams & a, uint32_t seed_a, const GenerateParams & b, uint32_t seed_b);
+
+// What llama_sampler_sample does on the host, from a row of logits the caller already
+// holds: fills `cur`, applies the chain, accepts and returns the chosen token. Safe to
+// call for different chains on different threads at once.
+llama_token sample_logits(llama_sampler * chain, const float * logits, int32_t n_vocab,
+                          std::vector<llama_token_data> & cur);
+
+// log softmax(logits)[token], over the whole vocabulary.
+float token_logprob(const float * logits, int32_t n_vocab, llama_token token);
 
 // The seed every prompt of a call uses: params.seed, or one random draw when it is -1.
 uint32_t resolve_seed(const GenerateParams & params);

@@ -26,6 +26,9 @@ std::string decode_error_message(int32_t rc) {
     }
 }
 
+// Below this many sequences a step samples them on one thread: waking the pool costs more.
+constexpr size_t kMinPooledSamples = 8;
+
 }  // namespace
 
 struct Scheduler::Slot {
@@ -36,7 +39,9 @@ struct Scheduler::Slot {
     size_t n_fed = 0;          // prompt tokens already in the KV cache
     llama_pos n_past = 0;      // positions of this sequence in the KV cache
     llama_token pending = -1;  // sampled token still to be fed
-    SamplerPtr sampler;
+    SamplerPtr host_sampler;   // this request's chain when it samples on the host
+    llama_sampler * sampler = nullptr;  // the chain in use: host_sampler, or the attached one
+    bool on_device = false;    // `sampler` is attached to the context: llama.cpp samples in the graph
     std::string bytes;         // generated text so far, raw bytes
     size_t n_emitted = 0;      // bytes of `bytes` already streamed through on_text
     std::string emitted;       // the text streamed so far (sanitised)
@@ -49,9 +54,13 @@ struct Scheduler::Slot {
 };
 
 Scheduler::Scheduler(const Model & model, llama_context * ctx, llama_batch & batch, int32_t n_parallel,
-                     int32_t n_batch, int32_t n_ctx_seq, Stats & stats)
+                     int32_t n_batch, int32_t n_ctx_seq, Stats & stats, TaskPool * pool,
+                     std::vector<AttachedSampler> * attached)
     : model_(model), ctx_(ctx), mem_(llama_get_memory(ctx)), batch_(batch), n_batch_(n_batch),
-      n_ctx_seq_(n_ctx_seq), stats_(stats) {
+      n_ctx_seq_(n_ctx_seq), stats_(stats), pool_(pool), attached_(attached) {
+    if (attached_ != nullptr && attached_->size() < static_cast<size_t>(n_parallel)) {
+        attached_->resize(static_cast<size_t>(n_parallel));
+    }
     slots_.reserve(static_cast<size_t>(n_parallel));
     for (int32_t i = 0; i < n_parallel; ++i) {
         slots_.push_back(std::make_unique<Slot>());
@@ -134,7 +143,7 @@ void Scheduler::admit() {
             if (llama_memory_seq_pos_max(mem_, slot.seq) >= 0) {
                 llama_memory_seq_rm(mem_, slot.seq, -1, -1);
             }
-            slot.sampler = make_sampler(params, request.seed, model_.n_vocab());
+            choose_sampler(slot, params, request.seed);
             if (request.on_start) {
                 request.on_start();
             }
@@ -150,6 +159,48 @@ void Scheduler::admit() {
             slot.completion.t_queued_ms = ms_since(slot.request.t_submit);
             slot.active = true;
         }
+    }
+}
+
+void Scheduler::choose_sampler(Slot & slot, const GenerateParams & params, uint32_t seed) {
+    slot.host_sampler.reset();
+    slot.on_device = false;
+    if (attached_ == nullptr) {
+        slot.host_sampler = make_sampler(params, seed, model_.n_vocab());
+        slot.sampler = slot.host_sampler.get();
+        return;
+    }
+    AttachedSampler & attached = (*attached_)[static_cast<size_t>(slot.seq)];
+    if (params.logprobs) {
+        // logprobs need the whole row of logits on the host: detach, sample there.
+        if (attached.chain) {
+            llama_set_sampler(ctx_, slot.seq, nullptr);
+            attached.chain.reset();
+        }
+        slot.host_sampler = make_sampler(params, seed, model_.n_vocab());
+        slot.sampler = slot.host_sampler.get();
+        return;
+    }
+    if (attached.chain && same_sampler(attached.params, attached.seed, params, seed)) {
+        // The attached chain is the one this request needs: reset it (history, RNG to its
+        // seed) rather than attach a new one, which makes llama.cpp re-reserve its graph.
+        llama_sampler_reset(attached.chain.get());
+        slot.on_device = true;
+        slot.sampler = attached.chain.get();
+        return;
+    }
+    SamplerPtr chain = make_sampler(params, seed, model_.n_vocab());
+    // Attaching replaces (and detaches) the slot's previous chain, which is freed after.
+    if (llama_set_sampler(ctx_, slot.seq, chain.get())) {
+        attached.chain = std::move(chain);
+        attached.params = params;
+        attached.seed = seed;
+        slot.on_device = true;
+        slot.sampler = attached.chain.get();
+    } else {
+        attached.chain.reset();  // llama.cpp cannot run this chain in the graph: the host does
+        slot.host_sampler = std::move(chain);
+        slot.sampler = slot.host_sampler.get();
     }
 }
 
@@ -222,6 +273,7 @@ void Scheduler::decode_group(std::vector<Slot *> group) {
 
     if (rc == 0) {
         const auto t_sample = Clock::now();
+        std::vector<Slot *> ready;
         for (Slot * s : group) {
             if (s->prefilling()) {
                 s->n_fed += static_cast<size_t>(s->n_plan);
@@ -230,9 +282,10 @@ void Scheduler::decode_group(std::vector<Slot *> group) {
             }
             s->n_past += s->n_plan;
             if (s->i_logits >= 0) {
-                sample(*s);
+                ready.push_back(s);
             }
         }
+        sample(ready);
         stats_.t_gen_ms += ms_since(t_sample);
         return;
     }
@@ -266,9 +319,54 @@ void Scheduler::decode_group(std::vector<Slot *> group) {
     finish(s, FinishReason::Error, decode_error_message(rc));
 }
 
-void Scheduler::sample(Slot & s) {
+void Scheduler::sample(const std::vector<Slot *> & slots) {
+    std::vector<llama_token> tokens(slots.size(), LLAMA_TOKEN_NULL);
+    std::vector<float> logprobs(slots.size(), 0.0f);
+    std::vector<const float *> logits(slots.size(), nullptr);
+    size_t n_host = 0;
+    for (size_t i = 0; i < slots.size(); ++i) {
+        Slot & s = *slots[i];
+        if (s.on_device) {
+            // The token llama.cpp sampled in the graph (llama_sampler_sample returns it and
+            // advances the chain), or a host fallback where it sampled none.
+            tokens[i] = llama_sampler_sample(s.sampler, ctx_, s.i_logits);
+            ++stats_.n_device_sampled;
+        } else {
+            logits[i] = llama_get_logits_ith(ctx_, s.i_logits);
+            if (logits[i] == nullptr) {
+                throw Error("llama.cpp returned no logits for a sequence that asked for them");
+            }
+            ++n_host;
+        }
+    }
+    if (n_host > 0) {
+        // Each chain and row of logits is its own, so sequences sample in parallel and
+        // pick exactly the tokens they would pick one after another.
+        const int32_t n_vocab = model_.n_vocab();
+        const auto pick = [&](size_t i) {
+            if (logits[i] != nullptr) {
+                thread_local std::vector<llama_token_data> cur;
+                tokens[i] = sample_logits(slots[i]->sampler, logits[i], n_vocab, cur);
+                if (slots[i]->request.params->logprobs) {
+                    logprobs[i] = token_logprob(logits[i], n_vocab, tokens[i]);
+                }
+            }
+        };
+        if (pool_ != nullptr && n_host >= kMinPooledSamples) {
+            pool_->run(slots.size(), pick);
+        } else {
+            for (size_t i = 0; i < slots.size(); ++i) {
+                pick(i);
+            }
+        }
+    }
+    for (size_t i = 0; i < slots.size(); ++i) {
+        accept_token(*slots[i], tokens[i], logprobs[i]);
+    }
+}
+
+void Scheduler::accept_token(Slot & s, llama_token token, float logprob) {
     const GenerateParams & params = *s.request.params;
-    const llama_token token = llama_sampler_sample(s.sampler.get(), ctx_, s.i_logits);
     if (!params.ignore_eos && llama_vocab_is_eog(model_.vocab(), token)) {
         finish(s, FinishReason::Stop);
         return;
@@ -277,6 +375,9 @@ void Scheduler::sample(Slot & s) {
         s.completion.t_first_token_ms = ms_since(s.request.t_submit);
     }
     s.completion.token_ids.push_back(token);
+    if (params.logprobs) {
+        s.completion.logprobs.push_back(logprob);
+    }
     ++stats_.n_gen_tokens;
     const size_t before = s.bytes.size();
     s.bytes += model_.token_piece(token);
@@ -317,7 +418,9 @@ void Scheduler::emit_text(Slot & s, bool final) {
 
 void Scheduler::finish(Slot & s, FinishReason reason, const std::string & error) {
     llama_memory_seq_rm(mem_, s.seq, -1, -1);
-    s.sampler.reset();
+    s.host_sampler.reset();  // an attached chain stays, for the slot's next request to reuse
+    s.sampler = nullptr;
+    s.on_device = false;
     s.active = false;
     s.prompt.clear();
     s.n_fed = 0;

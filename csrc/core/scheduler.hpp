@@ -14,6 +14,7 @@
 
 #include "core/model.hpp"
 #include "core/params.hpp"
+#include "core/pool.hpp"
 #include "core/sampling.hpp"
 #include "llama.h"
 
@@ -35,11 +36,27 @@ struct Request {
     Clock::time_point t_submit = Clock::now();
 };
 
+// A sampler chain attached to a llama_context for one sequence (llama_set_sampler), so
+// that llama.cpp samples inside its graph, on the GPU. It outlives a Scheduler: attaching
+// makes llama.cpp re-reserve its graph, so the context keeps the chain attached across
+// calls and reuses it whenever a request needs the same one. Free it only after the
+// context has been freed or the chain detached.
+struct AttachedSampler {
+    SamplerPtr chain;
+    GenerateParams params;
+    uint32_t seed = 0;
+};
+
 class Scheduler {
 public:
     // `batch` must hold at least n_batch tokens; `n_ctx_seq` is what one sequence may use.
+    // `pool` (may be null) samples many sequences on the host at once. With `attached`
+    // (one entry per slot, kept by the context), each slot's sampler chain is attached to
+    // the context so that llama.cpp samples inside the graph, on the GPU, and only the
+    // chosen token comes back; a chain that cannot run there samples on the host.
     Scheduler(const Model & model, llama_context * ctx, llama_batch & batch, int32_t n_parallel,
-              int32_t n_batch, int32_t n_ctx_seq, Stats & stats);
+              int32_t n_batch, int32_t n_ctx_seq, Stats & stats, TaskPool * pool = nullptr,
+              std::vector<AttachedSampler> * attached = nullptr);
     // Cancels whatever is still queued or running, so the context is left clean.
     ~Scheduler();
     Scheduler(const Scheduler &) = delete;
@@ -60,10 +77,12 @@ private:
     struct Slot;
 
     void reap_cancelled();
+    void choose_sampler(Slot & slot, const GenerateParams & params, uint32_t seed);
     void admit();
     void emit_text(Slot & slot, bool final);
     void decode_group(std::vector<Slot *> group);
-    void sample(Slot & slot);
+    void sample(const std::vector<Slot *> & slots);
+    void accept_token(Slot & slot, llama_token token, float logprob);
     void finish(Slot & slot, FinishReason reason, const std::string & error = std::string());
 
     const Model & model_;
@@ -73,6 +92,8 @@ private:
     int32_t n_batch_;
     int32_t n_ctx_seq_;
     Stats & stats_;
+    TaskPool * pool_;
+    std::vector<AttachedSampler> * attached_;
     std::vector<std::unique_ptr<Slot>> slots_;
     std::deque<Request> queue_;
     size_t prefill_rotation_ = 0;  // which slot's prompt goes first, for fairness

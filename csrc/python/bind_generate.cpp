@@ -76,7 +76,8 @@ void register_generate(py::module_ & m) {
         .def_readwrite("n_ctx_per_seq", &ContextParams::n_ctx_per_seq)
         .def_readwrite("n_batch", &ContextParams::n_batch)
         .def_readwrite("n_threads", &ContextParams::n_threads)
-        .def_readwrite("kv_unified", &ContextParams::kv_unified);
+        .def_readwrite("kv_unified", &ContextParams::kv_unified)
+        .def_readwrite("device_sampling", &ContextParams::device_sampling);
 
     py::class_<GenerateParams>(m, "GenerateParams", "Options of a generate call; defaults are fastpar's.")
         .def(py::init<>())
@@ -91,11 +92,13 @@ void register_generate(py::module_ & m) {
         .def_readwrite("repeat_last_n", &GenerateParams::repeat_last_n)
         .def_readwrite("seed", &GenerateParams::seed)
         .def_readwrite("stop", &GenerateParams::stop)
-        .def_readwrite("ignore_eos", &GenerateParams::ignore_eos);
+        .def_readwrite("ignore_eos", &GenerateParams::ignore_eos)
+        .def_readwrite("logprobs", &GenerateParams::logprobs);
 
     py::class_<Completion>(m, "Completion", "The answer to one prompt.")
         .def_readonly("text", &Completion::text)
         .def_readonly("token_ids", &Completion::token_ids)
+        .def_readonly("logprobs", &Completion::logprobs)
         .def_property_readonly("finish_reason", [](const Completion & c) { return finish_reason_name(c.finish_reason); })
         .def_property_readonly("error", [](const Completion & c) -> py::object {
             return c.finish_reason == FinishReason::Error ? py::object(py::str(c.error)) : py::object(py::none());
@@ -123,6 +126,8 @@ void register_generate(py::module_ & m) {
         .def_readonly("t_wall_ms", &Stats::t_wall_ms)
         .def_readonly("n_decode_calls", &Stats::n_decode_calls)
         .def_readonly("n_kv_full_retries", &Stats::n_kv_full_retries)
+        .def_readonly("n_device_sampled", &Stats::n_device_sampled)
+        .def_property_readonly("backend", [](const Stats &) { return std::string(backend_name()); })
         .def_property_readonly("prompt_tokens_per_s", &Stats::prompt_tokens_per_s)
         .def_property_readonly("gen_tokens_per_s", &Stats::gen_tokens_per_s)
         .def_property_readonly("total_tokens_per_s", &Stats::total_tokens_per_s);
@@ -139,7 +144,8 @@ void register_generate(py::module_ & m) {
         .def_property_readonly("n_threads", &Context::n_threads)
         .def_property_readonly("n_parallel", [](const Context & c) { return c.params().n_parallel; })
         .def_property_readonly("n_batch", [](const Context & c) { return c.params().n_batch; })
-        .def_property_readonly("kv_unified", [](const Context & c) { return c.params().kv_unified; });
+        .def_property_readonly("kv_unified", [](const Context & c) { return c.params().kv_unified; })
+        .def_property_readonly("device_sampling", &Context::device_sampling);
 }
 
 }  // namespace fastpar::python

@@ -22,7 +22,7 @@ def _demo(args: argparse.Namespace) -> int:
     import fastpar
 
     path = args.model or fastpar.default_model_path()
-    model = fastpar.Model(path)
+    model = fastpar.Model(path, n_gpu_layers=args.n_gpu_layers)
     ctx = fastpar.Context(model, n_parallel=args.n_parallel, n_ctx_per_seq=args.n_ctx_per_seq,
                           n_threads=args.n_threads)
     prompts = [[{"role": "user", "content": q}] for q in DEMO_QUESTIONS]
@@ -41,6 +41,7 @@ def _demo(args: argparse.Namespace) -> int:
     print(f"  generated tokens  {s.n_gen_tokens:8d}   {s.t_gen_ms:9.1f} ms   {s.gen_tokens_per_s:8.1f} tok/s")
     print(f"  wall              {'':8s}   {s.t_wall_ms:9.1f} ms   {s.total_tokens_per_s:8.1f} tok/s in all")
     print(f"  decode calls {s.n_decode_calls}, KV-full retries {s.n_kv_full_retries}, failed prompts {s.n_failed}")
+    print(f"  backend {s.backend}, {s.n_device_sampled} tokens sampled on the device")
     return 0 if s.n_failed == 0 else 1
 
 
@@ -52,6 +53,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     demo.add_argument("--n-parallel", type=int, default=8)
     demo.add_argument("--n-ctx-per-seq", type=int, default=1024)
     demo.add_argument("--n-threads", type=int, default=None)
+    demo.add_argument("--n-gpu-layers", type=int, default=0, help="-1 = all (needs a CUDA or Metal build)")
     demo.add_argument("--max-tokens", type=int, default=96)
     demo.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     demo.add_argument("--seed", type=int, default=None)

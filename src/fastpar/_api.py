@@ -99,14 +99,20 @@ class Context:
     ``n_parallel``) caps the tokens of one decode call; longer prompts are fed in chunks.
     ``n_threads=None`` uses one thread per hardware thread. Calls on one context from
     several threads take turns; separate contexts of one model run in parallel.
+    ``device_sampling`` matters only when the whole model is on a GPU: ``True`` runs each
+    sequence's sampler chain inside llama.cpp's graph on the GPU and copies back only the
+    chosen token; ``False`` copies the logits back and samples on the host, many
+    sequences at once; ``None`` (default) picks the GPU up to 8 slots and the host above,
+    the faster of the two in bench/README.md's GPU measurements.
     """
 
     def __init__(self, model: Model, *, n_parallel: int = _CONTEXT_DEFAULTS.n_parallel,
                  n_ctx_per_seq: int = _CONTEXT_DEFAULTS.n_ctx_per_seq, n_batch: Optional[int] = None,
-                 n_threads: Optional[int] = None, kv_unified: bool = _CONTEXT_DEFAULTS.kv_unified) -> None:
+                 n_threads: Optional[int] = None, kv_unified: bool = _CONTEXT_DEFAULTS.kv_unified,
+                 device_sampling: Optional[bool] = None) -> None:
         if not isinstance(model, Model):
             raise TypeError(f"model must be a fastpar.Model, got {type(model).__name__}")
-        params = _context_params(n_parallel, n_ctx_per_seq, n_batch, n_threads, kv_unified)
+        params = _context_params(n_parallel, n_ctx_per_seq, n_batch, n_threads, kv_unified, device_sampling)
         self.model = model
         self._ctx = _core.Context(model._model, params)
 
@@ -127,6 +133,11 @@ class Context:
         return self._ctx.n_threads
 
     @property
+    def device_sampling(self) -> bool:
+        """Whether tokens are sampled on the GPU (asked for, and the model's output layer is there)."""
+        return self._ctx.device_sampling
+
+    @property
     def last_stats(self) -> _core.Stats:
         """Statistics of the last ``generate_parallel`` call on this context (zeros before any)."""
         return self._ctx.last_stats
@@ -141,7 +152,7 @@ class Context:
 
 
 def _context_params(n_parallel: object, n_ctx_per_seq: object, n_batch: object, n_threads: object,
-                    kv_unified: object) -> _core.ContextParams:
+                    kv_unified: object, device_sampling: object = None) -> _core.ContextParams:
     params = _core.ContextParams()
     params.n_parallel = _int("n_parallel", n_parallel)
     params.n_ctx_per_seq = _int("n_ctx_per_seq", n_ctx_per_seq)
@@ -151,6 +162,7 @@ def _context_params(n_parallel: object, n_ctx_per_seq: object, n_batch: object, 
         raise ValueError(f"n_threads must be positive (or None for one per hardware thread), got {n_threads}")
     params.n_threads = _CONTEXT_DEFAULTS.n_threads if n_threads is None else n_threads
     params.kv_unified = _bool("kv_unified", kv_unified)
+    params.device_sampling = -1 if device_sampling is None else int(_bool("device_sampling", device_sampling))
     return params
 
 
@@ -194,6 +206,7 @@ def _generate_params(
     seed: Optional[int] = None,
     stop: Union[None, str, Sequence[str]] = None,
     ignore_eos: bool = _GENERATE_DEFAULTS.ignore_eos,
+    logprobs: bool = _GENERATE_DEFAULTS.logprobs,
 ) -> _core.GenerateParams:
     """The generation options, checked, as the core's struct (shared by every entry point)."""
     params = _core.GenerateParams()
@@ -217,6 +230,7 @@ def _generate_params(
             raise TypeError("stop must be a str or a list of str")
         params.stop = list(stops)
     params.ignore_eos = _bool("ignore_eos", ignore_eos)
+    params.logprobs = _bool("logprobs", logprobs)
     return params
 
 
@@ -241,7 +255,9 @@ def generate_parallel(
     ``repeat_penalty``, ``presence_penalty``, ``frequency_penalty``, ``repeat_last_n``,
     ``seed`` (None = random; every prompt's sampler gets the same seed, so a prompt's
     output does not depend on its position), ``stop`` (a str or list of str; the text
-    ends before the first match), ``ignore_eos``.
+    ends before the first match), ``ignore_eos``, ``logprobs`` (True: each completion's
+    ``logprobs`` holds every generated token's log-probability under the model, the log
+    softmax of its raw logits before any sampler; those prompts sample on the host).
 
     ``progress=True`` shows a progress bar (prompts done, generated tokens per second);
     ``on_completion(index, completion)`` is called as each prompt finishes, on the
