@@ -8,11 +8,13 @@ writes bench/results/<date>-<host-kind>.{json,md,png}:
 
     python bench/run.py                      # everything: W1-W4, greedy and typical, 3 reps
     python bench/run.py --workloads W1 --reps 3
+    python bench/run.py --gpu                # CUDA build, all layers on the GPU (see bench/README.md)
 
 Stages: 0 raw llama-batched-bench; 1 C ABI from C; 2 Python generate_parallel;
-3 Engine fed by 8 threads; 4 llama-server -np N with N HTTP clients on loopback;
-5 llama-cpp-python, one prompt at a time. Each reports generated and total tokens per
-second of wall time, and its ratio to stage 0. See bench/README.md.
+3 Engine fed by max(8, N) threads; 4 llama-server -np N with N HTTP clients on loopback;
+5 llama-cpp-python, one prompt at a time; on a GPU also 6 transformers generate (bf16),
+7 and 8 generate_parallel sampling on the host and on the GPU. Each reports generated
+and total tokens per second of wall time, and its ratio to stage 0. See bench/README.md.
 """
 
 from __future__ import annotations
@@ -32,6 +34,12 @@ import threading
 import time
 import urllib.request
 
+if "--gpu" in sys.argv and "6" in (sys.argv[sys.argv.index("--stages") + 1] if "--stages" in sys.argv else "6"):
+    # The transformers peer: PyTorch must be loaded before fastpar's CUDA build. In the
+    # other order the first model load crashes (seen with torch 2.11 + CUDA 13; see
+    # bench/README.md).
+    import torch  # noqa: F401
+
 import fastpar
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -47,7 +55,18 @@ STAGES = {
     3: "fastpar Engine, max(8, N) client threads",
     4: "llama-server -np N, N clients",
     5: "llama-cpp-python, one at a time",
+    6: "transformers generate, bf16",
+    7: "fastpar generate_parallel, sampling on the host",
+    8: "fastpar generate_parallel, sampling on the GPU",
 }
+GPU_PARALLEL = (1, 8, 32, 128, 256)
+
+
+class Target:
+    """Where the stages run: the CPU (default) or, with --gpu, a CUDA build with every layer offloaded."""
+    gpu = False
+    n_gpu_layers = 0
+    baselines = BASELINES
 SAMPLERS = {
     "greedy": dict(temperature=0.0, top_k=0, top_p=1.0),
     "typical": dict(temperature=0.8, top_k=40, top_p=0.95),
@@ -56,11 +75,11 @@ SAMPLERS = {
 
 # ----------------------------------------------------------------------------- workloads
 
-def workloads(names, default_model, speed_model):
+def workloads(names, default_model, speed_models):
     """(name, model, n_requests, n_parallel, prompt_tokens, gen_tokens, shared_prefix)."""
     out = []
     if "W1" in names:
-        out.append(("W1", speed_model, 40, 8, 32, 50, 0))
+        out.append(("W1", speed_models["Q4_K_M"], 40, 8, 32, 50, 0))
     if "W2" in names:
         for pl in (32, 128):
             for p in (1, 2, 4, 8, 16, 32):
@@ -69,6 +88,10 @@ def workloads(names, default_model, speed_model):
         out.append(("W3", default_model, 8, 8, 256 + 16, 64, 256))
     if "W4" in names:
         out.append(("W4", default_model, 400, 8, 64, 4, 0))
+    for name in names:  # GPU: the speed model at every parallel level, 32-token prompts, 50 new tokens
+        if name.startswith("G-"):
+            for p in GPU_PARALLEL:
+                out.append((f"{name}-np{p}", speed_models[name[2:]], p, p, 32, 50, 0))
     return out
 
 
@@ -100,17 +123,22 @@ def make_prompts(model: fastpar.Model, n: int, n_tokens: int, shared_prefix: int
 # ----------------------------------------------------------------------------- builds
 
 def build_baselines() -> dict:
-    tools = {name: BASELINES / "bin" / name for name in ("llama-batched-bench", "llama-server", "llama-quantize")}
-    if not all(p.exists() for p in tools.values()) or not (BASELINES / "libfastpar.so").exists():
-        subprocess.run(["cmake", "-S", str(ROOT), "-B", str(BASELINES), "-DCMAKE_BUILD_TYPE=Release",
-                        "-DFASTPAR_BUILD_BASELINES=ON", "-DFASTPAR_BUILD_PYTHON=OFF"], check=True)
-        subprocess.run(["cmake", "--build", str(BASELINES), "-j", str(os.cpu_count()), "--target",
+    where = Target.baselines
+    tools = {name: where / "bin" / name for name in ("llama-batched-bench", "llama-server", "llama-quantize")}
+    if not all(p.exists() for p in tools.values()) or not (where / "libfastpar.so").exists():
+        extra = []
+        if Target.gpu:
+            extra = ["-DFASTPAR_BACKEND=cuda",
+                     f"-DCMAKE_CUDA_ARCHITECTURES={os.environ.get('CMAKE_CUDA_ARCHITECTURES', 'native')}"]
+        subprocess.run(["cmake", "-S", str(ROOT), "-B", str(where), "-DCMAKE_BUILD_TYPE=Release",
+                        "-DFASTPAR_BUILD_BASELINES=ON", "-DFASTPAR_BUILD_PYTHON=OFF", *extra], check=True)
+        subprocess.run(["cmake", "--build", str(where), "-j", str(os.cpu_count()), "--target",
                         *tools, "fastpar"], check=True)
     return {k: str(v) for k, v in tools.items()}
 
 
 def build_capi_bench() -> str:
-    out = BASELINES / "bench_capi"
+    out = Target.baselines / "bench_capi"
     src = HERE / "c" / "bench_capi.c"
     lib = pathlib.Path(fastpar.get_library())
     if not out.exists() or out.stat().st_mtime < src.stat().st_mtime:
@@ -139,6 +167,8 @@ def stage0(tools, w, sampler, threads):
     name, model_path, n_req, n_par, pl, gl, shared = w
     cmd = [tools["llama-batched-bench"], "-m", model_path, "-c", str(n_par * (pl + gl + 16)), "-b", "512",
            "-ub", "512", "-npp", str(pl), "-ntg", str(gl), "-npl", str(n_par), "-t", str(threads), "-no-kvu"]
+    if Target.gpu:
+        cmd += ["-ngl", "999"]
     if shared:
         cmd = [c for c in cmd if c != "-no-kvu"] + ["-pps", "-kvu"]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
@@ -157,19 +187,22 @@ def stage1(binary, w, sampler, threads, prompts, tmpdir):
     pfile.write_text("\n".join(prompts) + "\n")
     s = SAMPLERS[sampler]
     out = subprocess.run([binary, model_path, str(pfile), str(n_par), str(pl + gl + 8), str(gl), str(s["temperature"]),
-                          str(s["top_k"]), str(s["top_p"]), str(threads)], capture_output=True, text=True, check=True)
+                          str(s["top_k"]), str(s["top_p"]), str(threads), str(Target.n_gpu_layers)],
+                         capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def stage2(models, w, sampler, threads, prompts):
+def stage2(models, w, sampler, threads, prompts, device_sampling=None):
     name, model_path, n_req, n_par, pl, gl, _ = w
-    ctx = fastpar.Context(models[model_path], n_parallel=n_par, n_ctx_per_seq=pl + gl + 8, n_threads=threads)
+    ctx = fastpar.Context(models[model_path], n_parallel=n_par, n_ctx_per_seq=pl + gl + 8, n_threads=threads,
+                          **({} if device_sampling is None else dict(device_sampling=device_sampling)))
     t0 = time.perf_counter()
     res = fastpar.generate_parallel(ctx, prompts, max_tokens=gl, ignore_eos=True, min_p=0.0, seed=42,
                                     **SAMPLERS[sampler])
     wall = time.perf_counter() - t0
     return dict(wall_s=wall, n_prompt_tokens=sum(c.n_prompt_tokens for c in res),
-                n_gen_tokens=sum(c.n_gen_tokens for c in res), failed=sum(c.finish_reason == "error" for c in res))
+                n_gen_tokens=sum(c.n_gen_tokens for c in res), failed=sum(c.finish_reason == "error" for c in res),
+                n_device_sampled=ctx.last_stats.n_device_sampled)
 
 
 def _clients(n_clients, prompts, send):
@@ -219,7 +252,8 @@ class Server:
             self.port = s.getsockname()[1]
         self.proc = subprocess.Popen(
             [binary, "-m", model_path, "-np", str(n_par), "-c", str(n_par * n_ctx_per_seq), "-t", str(threads),
-             "--host", "127.0.0.1", "--port", str(self.port), "-b", "512", "-ub", "512", "--no-webui"],
+             "--host", "127.0.0.1", "--port", str(self.port), "-b", "512", "-ub", "512", "--no-webui",
+             *(["-ngl", "999"] if Target.gpu else [])],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.time() + 120
         while time.time() < deadline:
@@ -250,14 +284,59 @@ class Server:
             self.proc.kill()
 
 
-def stage4(tools, w, sampler, threads, prompts):
+def stage4(tools, w, sampler, threads, prompts, servers):
+    """One server per workload, started on first use and shared by its repetitions and samplers."""
     name, model_path, n_req, n_par, pl, gl, _ = w
-    server = Server(tools["llama-server"], model_path, n_par, pl + gl + 8, threads)
-    try:
-        wall, (n_prompt, n_gen) = _clients(n_par, prompts, lambda p: server.complete(p, gl, sampler))
-    finally:
-        server.close()
+    if name not in servers:
+        servers[name] = Server(tools["llama-server"], model_path, n_par, pl + gl + 8, threads)
+    server = servers[name]
+    wall, (n_prompt, n_gen) = _clients(n_par, prompts, lambda p: server.complete(p, gl, sampler))
     return dict(wall_s=wall, n_prompt_tokens=n_prompt, n_gen_tokens=n_gen)
+
+
+class Transformers:
+    """The PyTorch peer: transformers' batched generate on a random-initialised Qwen3-0.6B config,
+    bf16, library defaults otherwise (same shape as the speed model; the weights do not matter
+    for speed)."""
+
+    def __init__(self):
+        import torch
+        import transformers
+
+        self.torch = torch
+        s = __import__("make_speed_model").SHAPE
+        cfg = transformers.Qwen3Config(vocab_size=151936, hidden_size=s["n_embd"], intermediate_size=s["n_ff"],
+                                       num_hidden_layers=s["n_layer"], num_attention_heads=s["n_head"],
+                                       num_key_value_heads=s["n_head_kv"], head_dim=s["head_dim"],
+                                       max_position_embeddings=s["n_ctx_train"],
+                                       rms_norm_eps=s["rms_eps"], tie_word_embeddings=True,
+                                       bos_token_id=None, eos_token_id=None, pad_token_id=0)
+        torch.manual_seed(0)
+        with torch.device("cuda"):
+            self.model = transformers.Qwen3ForCausalLM(cfg).to(torch.bfloat16).eval()
+        self.version = transformers.__version__
+        self.run(2, 8, 4, "greedy")  # warm-up: cuBLAS handles, kernels
+
+    def run(self, n_par, pl, gl, sampler):
+        torch = self.torch
+        ids = torch.randint(1000, 100000, (n_par, pl), device="cuda", generator=None)
+        s = SAMPLERS[sampler]
+        kw = dict(do_sample=False) if s["temperature"] == 0 else dict(
+            do_sample=True, temperature=s["temperature"], top_k=s["top_k"], top_p=s["top_p"])
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            out = self.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=gl,
+                                      min_new_tokens=gl, pad_token_id=0, **kw)
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
+        n_gen = int(out.shape[1] - pl) * n_par
+        return dict(wall_s=wall, n_prompt_tokens=n_par * pl, n_gen_tokens=n_gen)
+
+
+def stage6(peer, w, sampler):
+    name, model_path, n_req, n_par, pl, gl, _ = w
+    return peer.run(n_par, pl, gl, sampler)
 
 
 PEER_SCRIPT = r"""
@@ -286,6 +365,12 @@ def stage5(peer_py, w, sampler, threads, prompts):
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def gpu_name() -> str:
+    out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True)
+    name = out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else "gpu"
+    return name.replace("NVIDIA ", "").replace(" ", "-")
+
+
 # ----------------------------------------------------------------------------- report
 
 def summarise(runs):
@@ -296,24 +381,27 @@ def summarise(runs):
 
 
 def markdown(results, stages):
-    lines = ["| workload | sampler | stage | gen tok/s | total tok/s | ratio to stage 0 (total) |",
-             "|---|---|---|---:|---:|---:|"]
+    lines = ["| workload | sampler | stage | gen tok/s | total tok/s | ratio to stage 0 (gen) | "
+             "ratio to stage 0 (total) |",
+             "|---|---|---|---:|---:|---:|---:|"]
     for key, per_stage in results.items():
         wname, sampler = key.split("|")
-        base = per_stage.get("0", {}).get("summary", {}).get("total_tok_s")
+        base = per_stage.get("0", {}).get("summary", {})
         for st in stages:
             s = per_stage.get(str(st), {}).get("summary")
             if not s:
                 continue
-            ratio = f"{s['total_tok_s'] / base:.2f}" if base else "-"
+            gen = f"{s['gen_tok_s'] / base['gen_tok_s']:.2f}" if base else "-"
+            total = f"{s['total_tok_s'] / base['total_tok_s']:.2f}" if base else "-"
             lines.append(f"| {wname} | {sampler} | {st}: {STAGES[st]} | {s['gen_tok_s']:.1f} | "
-                         f"{s['total_tok_s']:.1f} | {ratio} |")
+                         f"{s['total_tok_s']:.1f} | {gen} | {total} |")
     return "\n".join(lines) + "\n"
 
 
 def plot(results, stages, path):
-    if not any(key.startswith("W2-") for key in results):
-        return  # the plot is W2's throughput against parallel sequences
+    gpu = sorted({key.split("|")[0].rsplit("-np", 1)[0] for key in results if key.startswith("G-")})
+    if not gpu and not any(key.startswith("W2-") for key in results):
+        return  # the plot is W2's (or the GPU's) throughput against parallel sequences
     try:
         import matplotlib
 
@@ -321,6 +409,29 @@ def plot(results, stages, path):
         import matplotlib.pyplot as plt
     except ImportError:
         print("matplotlib not installed: no plot (pip install matplotlib)")
+        return
+    if gpu:
+        panels = [(g, sampler) for g in gpu for sampler in ("greedy", "typical")]
+        fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.4), squeeze=False)
+        for ax, (g, sampler) in zip(axes[0], panels):
+            for st in stages:
+                xs, ys = [], []
+                for p in (1, 8, 32, 128, 256):
+                    r = results.get(f"{g}-np{p}|{sampler}", {}).get(str(st), {}).get("summary")
+                    if r:
+                        xs.append(p)
+                        ys.append(r["gen_tok_s"])
+                if xs:
+                    ax.plot(xs, ys, marker="o", label=f"{st}: {STAGES[st]}")
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_xlabel("parallel sequences")
+            ax.set_ylabel("generated tokens/s")
+            ax.set_title(f"{g[2:]} speed model, {sampler}")
+            ax.grid(alpha=0.3)
+        axes[0][0].legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
         return
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=False)
     for ax, pl in zip(axes, (32, 128)):
@@ -345,9 +456,17 @@ def plot(results, stages, path):
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workloads", default="W1,W2,W3,W4")
+    parser.add_argument("--workloads", default=None,
+                        help="default W1,W2,W3,W4; with --gpu G-F16,G-Q4_K_M (the speed model at parallel "
+                             "1, 8, 32, 128, 256)")
+    parser.add_argument("--gpu", action="store_true",
+                        help="CUDA build with every layer on the GPU: baselines in build/baselines-cuda "
+                             "(CMAKE_CUDA_ARCHITECTURES from the environment, default native)")
+    parser.add_argument("--parallel", default=None,
+                        help="GPU workloads' parallel levels (default 1,8,32,128,256)")
     parser.add_argument("--samplers", default="greedy,typical")
-    parser.add_argument("--stages", default="0,1,2,3,4,5")
+    parser.add_argument("--stages", default=None, help="default 0,1,2,3,4,5; with --gpu 0,1,3,4,6,7,8 (stage 2, "
+                        "the default sampling place, is 8 up to 8 slots and 7 above)")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--host-kind", default=f"{platform.machine()}-{os.cpu_count()}cpu")
@@ -356,6 +475,17 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true",
                         help="smoke-test the harness: one wave per workload, 8 new tokens (not for quoting)")
     args = parser.parse_args()
+    if args.gpu:
+        Target.gpu, Target.n_gpu_layers, Target.baselines = True, -1, ROOT / "build" / "baselines-cuda"
+        if fastpar.backend() != "cuda":
+            parser.error(f"--gpu needs a CUDA build of fastpar; this one is '{fastpar.backend()}'")
+        if args.host_kind == parser.get_default("host_kind"):
+            args.host_kind = gpu_name()
+    if args.parallel:
+        global GPU_PARALLEL
+        GPU_PARALLEL = tuple(int(p) for p in args.parallel.split(","))
+    args.workloads = args.workloads or ("G-F16,G-Q4_K_M" if args.gpu else "W1,W2,W3,W4")
+    args.stages = args.stages or ("0,1,3,4,6,7,8" if args.gpu else "0,1,2,3,4,5")
     if args.quick:
         args.host_kind += "-quick"
     stages = [int(s) for s in args.stages.split(",")]
@@ -365,12 +495,18 @@ def main() -> int:
     sys.path.insert(0, str(HERE))
     from make_speed_model import build as build_speed_model
 
-    speed_model = str(build_speed_model(tools["llama-quantize"], "Q4_K_M"))
-    default_model = fastpar.default_model_path()
+    names = args.workloads.split(",")
+    quants = {"Q4_K_M"} | {n[2:] for n in names if n.startswith("G-")}
+    speed_models = {q: str(build_speed_model(tools["llama-quantize"], q)) for q in sorted(quants)}
+    default_model = fastpar.default_model_path() if any(n[:2] in ("W2", "W3", "W4") for n in names) else None
     capi = build_capi_bench() if 1 in stages else None
     peer_py = peer_python() if 5 in stages else None
-    models = {p: fastpar.Model(p) for p in (default_model, speed_model)}
-    tmpdir = BASELINES / "bench-tmp"
+    peer_torch = Transformers() if 6 in stages else None
+    models: dict = {}
+    for w in workloads(names, default_model, speed_models):
+        if w[1] not in models:
+            models[w[1]] = fastpar.Model(w[1], n_gpu_layers=Target.n_gpu_layers)
+    tmpdir = Target.baselines / "bench-tmp"
     tmpdir.mkdir(exist_ok=True)
 
     stem = HERE / "results" / f"{datetime.date.today().isoformat()}-{args.host_kind}"
@@ -382,7 +518,9 @@ def main() -> int:
         results, commands = old["results"], old["meta"].get("commands", [old["meta"].get("command")])
     commands.append(command)
     meta = dict(date=datetime.date.today().isoformat(), host_kind=args.host_kind, threads=args.threads,
-                machine=platform.processor() or platform.machine(), fastpar=fastpar.__version__,
+                machine=gpu_name() if args.gpu else (platform.processor() or platform.machine()),
+                fastpar=fastpar.__version__, backend=fastpar.backend(),
+                transformers=peer_torch.version if peer_torch else None,
                 llama_cpp="0c1e57098", reps=args.reps, stages=STAGES, commands=commands)
 
     def write():
@@ -395,18 +533,22 @@ def main() -> int:
         plot(results, stages, stem.with_suffix(".png"))
         return table
 
-    for w in workloads(args.workloads.split(","), default_model, speed_model):
+    for w in workloads(names, default_model, speed_models):
         if args.quick:
             w = (w[0], w[1], w[3], w[3], w[4], 8, w[6])
         name, model_path, n_req, n_par, pl, gl, shared = w
         prompts = make_prompts(models[model_path], n_req, pl, shared)
+        servers: dict = {}
+        raw: dict = {}  # stage 0 never samples: one run per repetition serves both samplers
         for sampler in samplers:
             key = f"{name}|{sampler}"
             per_stage = results[key] = {}  # a rerun replaces, never mixes with, older runs
             for rep in range(args.reps):  # interleaved: drift hits every stage alike
                 for st in stages:
                     if st == 0:
-                        r = stage0(tools, w, sampler, args.threads)
+                        if rep not in raw:
+                            raw[rep] = stage0(tools, w, sampler, args.threads)
+                        r = raw[rep]
                     elif st == 1:
                         r = stage1(capi, w, sampler, args.threads, prompts, tmpdir)
                     elif st == 2:
@@ -414,15 +556,23 @@ def main() -> int:
                     elif st == 3:
                         r = stage3(models, w, sampler, args.threads, prompts)
                     elif st == 4:
-                        r = stage4(tools, w, sampler, args.threads, prompts)
-                    else:
+                        r = stage4(tools, w, sampler, args.threads, prompts, servers)
+                    elif st == 5:
                         r = stage5(peer_py, w, sampler, args.threads, prompts)
+                    elif st == 6:
+                        r = stage6(peer_torch, w, sampler)
+                    elif st == 7:
+                        r = stage2(models, w, sampler, args.threads, prompts, device_sampling=False)
+                    else:
+                        r = stage2(models, w, sampler, args.threads, prompts, device_sampling=True)
                     per_stage.setdefault(str(st), {"runs": []})["runs"].append(r)
                     print(f"{key} rep {rep} stage {st}: {r['n_gen_tokens'] / r['wall_s']:.1f} gen tok/s, "
                           f"{(r['n_gen_tokens'] + r['n_prompt_tokens']) / r['wall_s']:.1f} tok/s", flush=True)
             for st_result in per_stage.values():
                 st_result["summary"] = summarise(st_result["runs"])
             table = write()  # after every workload: a long run interrupted keeps what it measured
+        for server in servers.values():
+            server.close()
 
     print(table)
     print(f"wrote {stem}.json/.md/.png")

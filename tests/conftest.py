@@ -47,14 +47,15 @@ ON_GPU = N_GPU_LAYERS != 0
 # row's place in it), so a sequence's logits alone and beside others differ, and greedy
 # runs part where two tokens are close. Measured on an H100 with the default model
 # (SmolLM2-135M Q4_1), "The capital of France is", 12 greedy tokens: alone, and alone in a
-# 4-slot context, identical; beside 3 other prompts, log-probabilities differ by up to 0.35
-# before the runs part at token 5; on the 8 test prompts, by up to 0.57 at the parting
-# token. So on a GPU the tests ask for logprobs and check what holds: the runs agree until
+# 4-slot context, identical; beside 3 other prompts, already 0.18 apart at the first token
+# and up to 0.35 before the runs part at token 5; over the whole suite (60 comparisons) up
+# to 0.79 at a parting token. Beside different prompts of the same lengths, though, a
+# sequence is bit-identical. So on a GPU the tests ask for logprobs and check what holds: the runs agree until
 # they part, every chosen token up to and including the first difference has the same
 # log-probability in both within GPU_LOGPROB_TOL, and (test_isolation) a sequence's output
 # is bit-identical whoever its batch-mates are, when the batch shapes are the same.
 GREEDY = dict(temperature=0.0, logprobs=True) if ON_GPU else dict(temperature=0.0)
-GPU_LOGPROB_TOL = 0.75
+GPU_LOGPROB_TOL = 1.0
 DIVERGENCE: list = []  # GPU runs: (prompt, first differing index or None, largest |logprob diff|)
 
 

@@ -1,5 +1,6 @@
 /* Stage 1 of bench/run.py: the C ABI from a C program.
  * usage: bench_capi MODEL PROMPTS_FILE N_PARALLEL N_CTX_PER_SEQ MAX_TOKENS TEMPERATURE TOP_K TOP_P N_THREADS
+ *        [N_GPU_LAYERS]
  * PROMPTS_FILE holds one prompt per line. Runs them all in one fastpar_generate_parallel
  * call (ignore_eos) and prints one JSON line: wall seconds and token counts. */
 #define _POSIX_C_SOURCE 200809L  /* strdup, clock_gettime */
@@ -17,8 +18,9 @@ static double now_s(void) {
 }
 
 int main(int argc, char ** argv) {
-    if (argc != 10) {
-        fprintf(stderr, "usage: %s MODEL PROMPTS N_PARALLEL N_CTX_PER_SEQ MAX_TOKENS TEMP TOP_K TOP_P N_THREADS\n", argv[0]);
+    if (argc != 10 && argc != 11) {
+        fprintf(stderr, "usage: %s MODEL PROMPTS N_PARALLEL N_CTX_PER_SEQ MAX_TOKENS TEMP TOP_K TOP_P N_THREADS [N_GPU_LAYERS]\n",
+                argv[0]);
         return 2;
     }
     FILE * f = fopen(argv[2], "r");
@@ -41,7 +43,9 @@ int main(int argc, char ** argv) {
 
     fastpar_model * model = NULL;
     fastpar_context * ctx = NULL;
-    if (fastpar_model_load(argv[1], fastpar_model_default_params(), &model) != FASTPAR_OK) {
+    fastpar_model_params mp = fastpar_model_default_params();
+    if (argc == 11) mp.n_gpu_layers = atoi(argv[10]);
+    if (fastpar_model_load(argv[1], mp, &model) != FASTPAR_OK) {
         fprintf(stderr, "load: %s\n", fastpar_last_error());
         return 1;
     }
