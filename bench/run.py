@@ -60,6 +60,8 @@ STAGES = {
     8: "fastpar generate_parallel, sampling on the GPU",
 }
 GPU_PARALLEL = (1, 8, 32, 128, 256)
+W2_PARALLEL = (1, 2, 4, 8, 16, 32)
+W2_PROMPT = (32, 128)
 
 
 class Target:
@@ -81,8 +83,8 @@ def workloads(names, default_model, speed_models):
     if "W1" in names:
         out.append(("W1", speed_models["Q4_K_M"], 40, 8, 32, 50, 0))
     if "W2" in names:
-        for pl in (32, 128):
-            for p in (1, 2, 4, 8, 16, 32):
+        for pl in W2_PROMPT:
+            for p in W2_PARALLEL:
                 out.append((f"W2-pp{pl}-np{p}", default_model, p, p, pl, 64, 0))
     if "W3" in names:
         out.append(("W3", default_model, 8, 8, 256 + 16, 64, 256))
@@ -463,7 +465,9 @@ def main() -> int:
                         help="CUDA build with every layer on the GPU: baselines in build/baselines-cuda "
                              "(CMAKE_CUDA_ARCHITECTURES from the environment, default native)")
     parser.add_argument("--parallel", default=None,
-                        help="GPU workloads' parallel levels (default 1,8,32,128,256)")
+                        help="parallel levels of W2 (default 1,2,4,8,16,32) and of the GPU workloads "
+                             "(default 1,8,32,128,256)")
+    parser.add_argument("--prompt-tokens", default=None, help="W2's prompt lengths (default 32,128)")
     parser.add_argument("--samplers", default="greedy,typical")
     parser.add_argument("--stages", default=None, help="default 0,1,2,3,4,5; with --gpu 0,1,3,4,6,7,8 (stage 2, "
                         "the default sampling place, is 8 up to 8 slots and 7 above)")
@@ -481,9 +485,11 @@ def main() -> int:
             parser.error(f"--gpu needs a CUDA build of fastpar; this one is '{fastpar.backend()}'")
         if args.host_kind == parser.get_default("host_kind"):
             args.host_kind = gpu_name()
+    global GPU_PARALLEL, W2_PARALLEL, W2_PROMPT
     if args.parallel:
-        global GPU_PARALLEL
-        GPU_PARALLEL = tuple(int(p) for p in args.parallel.split(","))
+        GPU_PARALLEL = W2_PARALLEL = tuple(int(p) for p in args.parallel.split(","))
+    if args.prompt_tokens:
+        W2_PROMPT = tuple(int(p) for p in args.prompt_tokens.split(","))
     args.workloads = args.workloads or ("G-F16,G-Q4_K_M" if args.gpu else "W1,W2,W3,W4")
     args.stages = args.stages or ("0,1,3,4,6,7,8" if args.gpu else "0,1,2,3,4,5")
     if args.quick:
