@@ -35,9 +35,9 @@ import time
 import urllib.request
 
 if "--gpu" in sys.argv and "6" in (sys.argv[sys.argv.index("--stages") + 1] if "--stages" in sys.argv else "6"):
-    # The transformers peer: PyTorch must be loaded before fastpar's CUDA build. In the
-    # other order the first model load crashes (seen with torch 2.11 + CUDA 13; see
-    # bench/README.md).
+    # The transformers peer: load PyTorch before fastpar. With a CUDA fastpar built by a
+    # toolchain that links libstdc++ statically, a C++ extension loaded after it crashed
+    # (README.md, "Backends"); the order costs nothing otherwise.
     import torch  # noqa: F401
 
 import fastpar

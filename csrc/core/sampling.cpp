@@ -25,13 +25,48 @@ bool same_sampler(const GenerateParams & a, uint32_t seed_a, const GenerateParam
                        a.min_p == b.min_p && seed_a == seed_b));
 }
 
-llama_token sample_logits(llama_sampler * chain, const float * logits, int32_t n_vocab,
-                          std::vector<llama_token_data> & cur) {
-    cur.resize(static_cast<size_t>(n_vocab));
-    for (llama_token t = 0; t < n_vocab; ++t) {
-        cur[static_cast<size_t>(t)] = llama_token_data{t, logits[t], 0.0f};
+llama_token sample_logits(llama_sampler * chain, const GenerateParams & p, const float * logits,
+                          int32_t n_vocab, std::vector<llama_token_data> & cur) {
+    const bool penalties = p.repeat_penalty != 1.0f || p.frequency_penalty != 0.0f || p.presence_penalty != 0.0f;
+    if (!penalties && p.temperature <= 0.0f) {
+        // The greedy sampler's choice: the first of the largest logits.
+        llama_token best = 0;
+        for (llama_token t = 1; t < n_vocab; ++t) {
+            if (logits[t] > logits[best]) {
+                best = t;
+            }
+        }
+        llama_sampler_accept(chain, best);
+        return best;
     }
-    llama_token_data_array cur_p = {cur.data(), cur.size(), -1, false};
+    bool sorted = false;
+    if (!penalties && p.top_k > 0 && p.top_k < n_vocab) {
+        // The k largest logits (a min-heap of k in one pass), best first: what the chain's
+        // top-k sampler would keep, so it and the rest of the chain see the same candidates.
+        const auto k = static_cast<size_t>(p.top_k);
+        const auto worse = [](const llama_token_data & a, const llama_token_data & b) {
+            return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
+        };
+        cur.clear();
+        for (llama_token t = 0; t < n_vocab; ++t) {
+            if (cur.size() < k) {
+                cur.push_back(llama_token_data{t, logits[t], 0.0f});
+                std::push_heap(cur.begin(), cur.end(), worse);
+            } else if (logits[t] > cur.front().logit) {
+                std::pop_heap(cur.begin(), cur.end(), worse);
+                cur.back() = llama_token_data{t, logits[t], 0.0f};
+                std::push_heap(cur.begin(), cur.end(), worse);
+            }
+        }
+        std::sort_heap(cur.begin(), cur.end(), worse);
+        sorted = true;
+    } else {
+        cur.resize(static_cast<size_t>(n_vocab));
+        for (llama_token t = 0; t < n_vocab; ++t) {
+            cur[static_cast<size_t>(t)] = llama_token_data{t, logits[t], 0.0f};
+        }
+    }
+    llama_token_data_array cur_p = {cur.data(), cur.size(), -1, sorted};
     llama_sampler_apply(chain, &cur_p);
     if (cur_p.selected < 0 || cur_p.selected >= static_cast<int64_t>(cur_p.size)) {
         throw Error("the sampler chain selected no token");

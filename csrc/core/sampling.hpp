@@ -24,10 +24,13 @@ SamplerPtr make_sampler(const GenerateParams & params, uint32_t seed, int32_t n_
 bool same_sampler(const GenerateParams & a, uint32_t seed_a, const GenerateParams & b, uint32_t seed_b);
 
 // What llama_sampler_sample does on the host, from a row of logits the caller already
-// holds: fills `cur`, applies the chain, accepts and returns the chosen token. Safe to
-// call for different chains on different threads at once.
-llama_token sample_logits(llama_sampler * chain, const float * logits, int32_t n_vocab,
-                          std::vector<llama_token_data> & cur);
+// holds: applies the chain `params` built (make_sampler), accepts and returns the chosen
+// token. Two shortcuts skip building the whole candidate array: a greedy chain without
+// penalties is an argmax of the row, and a chain that starts with top-k (no penalties)
+// gets only the k best candidates, found in one pass. Safe to call for different chains
+// on different threads at once.
+llama_token sample_logits(llama_sampler * chain, const GenerateParams & params, const float * logits,
+                          int32_t n_vocab, std::vector<llama_token_data> & cur);
 
 // log softmax(logits)[token], over the whole vocabulary.
 float token_logprob(const float * logits, int32_t n_vocab, llama_token token);

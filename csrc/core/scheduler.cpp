@@ -346,7 +346,7 @@ void Scheduler::sample(const std::vector<Slot *> & slots) {
         const auto pick = [&](size_t i) {
             if (logits[i] != nullptr) {
                 thread_local std::vector<llama_token_data> cur;
-                tokens[i] = sample_logits(slots[i]->sampler, logits[i], n_vocab, cur);
+                tokens[i] = sample_logits(slots[i]->sampler, *slots[i]->request.params, logits[i], n_vocab, cur);
                 if (slots[i]->request.params->logprobs) {
                     logprobs[i] = token_logprob(logits[i], n_vocab, tokens[i]);
                 }
