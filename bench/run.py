@@ -59,9 +59,12 @@ STAGES = {
     7: "fastpar generate_parallel, sampling on the host",
     8: "fastpar generate_parallel, sampling on the GPU",
 }
-GPU_PARALLEL = (1, 8, 32, 128, 256)
-W2_PARALLEL = (1, 2, 4, 8, 16, 32)
-W2_PROMPT = (32, 128)
+# Every level a workload defines (the plots' x-axes); --parallel and --prompt-tokens narrow
+# what one run measures.
+GPU_LEVELS = (1, 8, 32, 128, 256)
+W2_LEVELS = (1, 2, 4, 8, 16, 32)
+W2_PROMPT_TOKENS = (32, 128)
+GPU_PARALLEL, W2_PARALLEL, W2_PROMPT = GPU_LEVELS, W2_LEVELS, W2_PROMPT_TOKENS
 
 
 class Target:
@@ -412,49 +415,35 @@ def plot(results, stages, path):
     except ImportError:
         print("matplotlib not installed: no plot (pip install matplotlib)")
         return
+    # One panel per (title, levels, results key for a level, log y-axis).
     if gpu:
-        panels = [(g, sampler) for g in gpu for sampler in ("greedy", "typical")]
-        fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.4), squeeze=False)
-        for ax, (g, sampler) in zip(axes[0], panels):
-            for st in stages:
-                xs, ys = [], []
-                for p in (1, 8, 32, 128, 256):
-                    r = results.get(f"{g}-np{p}|{sampler}", {}).get(str(st), {}).get("summary")
-                    if r:
-                        xs.append(p)
-                        ys.append(r["gen_tok_s"])
-                if xs:
-                    ax.plot(xs, ys, marker="o", label=f"{st}: {STAGES[st]}")
-            ax.set_xscale("log", base=2)
-            ax.set_yscale("log")
-            ax.set_xlabel("parallel sequences")
-            ax.set_ylabel("generated tokens/s")
-            ax.set_title(f"{g[2:]} speed model, {sampler}")
-            ax.grid(alpha=0.3)
-        axes[0][0].legend(fontsize=7)
-        fig.tight_layout()
-        fig.savefig(path, dpi=110)
-        return
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=False)
-    for ax, pl in zip(axes, (32, 128)):
+        panels = [(f"{g[2:]} speed model, {sampler}", GPU_LEVELS,
+                   lambda p, g=g, sampler=sampler: f"{g}-np{p}|{sampler}", True)
+                  for g in gpu for sampler in ("greedy", "typical")]
+    else:
+        panels = [(f"W2: default model, {pl}-token prompts, greedy", W2_LEVELS,
+                   lambda p, pl=pl: f"W2-pp{pl}-np{p}|greedy", False) for pl in W2_PROMPT_TOKENS]
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.4), squeeze=False)
+    for ax, (title, levels, key, log_y) in zip(axes[0], panels):
         for st in stages:
             xs, ys = [], []
-            for p in (1, 2, 4, 8, 16, 32):
-                r = results.get(f"W2-pp{pl}-np{p}|greedy", {}).get(str(st), {}).get("summary")
+            for p in levels:
+                r = results.get(key(p), {}).get(str(st), {}).get("summary")
                 if r:
                     xs.append(p)
                     ys.append(r["gen_tok_s"])
             if xs:
                 ax.plot(xs, ys, marker="o", label=f"{st}: {STAGES[st]}")
         ax.set_xscale("log", base=2)
+        if log_y:
+            ax.set_yscale("log")
         ax.set_xlabel("parallel sequences")
         ax.set_ylabel("generated tokens/s")
-        ax.set_title(f"W2: default model, {pl}-token prompts, greedy")
+        ax.set_title(title)
         ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=7)
+    axes[0][0].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -502,7 +491,7 @@ def main() -> int:
     from make_speed_model import build as build_speed_model
 
     names = args.workloads.split(",")
-    quants = {"Q4_K_M"} | {n[2:] for n in names if n.startswith("G-")}
+    quants = ({"Q4_K_M"} if "W1" in names else set()) | {n[2:] for n in names if n.startswith("G-")}
     speed_models = {q: str(build_speed_model(tools["llama-quantize"], q)) for q in sorted(quants)}
     default_model = fastpar.default_model_path() if any(n[:2] in ("W2", "W3", "W4") for n in names) else None
     capi = build_capi_bench() if 1 in stages else None

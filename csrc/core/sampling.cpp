@@ -16,6 +16,15 @@ uint32_t resolve_seed(const GenerateParams & params) {
     return rd();
 }
 
+namespace {
+
+// Whether make_sampler puts a penalties sampler first (it needs the token history).
+bool has_penalties(const GenerateParams & p) {
+    return p.repeat_penalty != 1.0f || p.frequency_penalty != 0.0f || p.presence_penalty != 0.0f;
+}
+
+}  // namespace
+
 bool same_sampler(const GenerateParams & a, uint32_t seed_a, const GenerateParams & b, uint32_t seed_b) {
     const bool greedy = a.temperature <= 0.0f;
     return greedy == (b.temperature <= 0.0f) && a.repeat_penalty == b.repeat_penalty &&
@@ -27,7 +36,7 @@ bool same_sampler(const GenerateParams & a, uint32_t seed_a, const GenerateParam
 
 llama_token sample_logits(llama_sampler * chain, const GenerateParams & p, const float * logits,
                           int32_t n_vocab, std::vector<llama_token_data> & cur) {
-    const bool penalties = p.repeat_penalty != 1.0f || p.frequency_penalty != 0.0f || p.presence_penalty != 0.0f;
+    const bool penalties = has_penalties(p);
     if (!penalties && p.temperature <= 0.0f) {
         // The greedy sampler's choice: the first of the largest logits.
         llama_token best = 0;
@@ -101,7 +110,7 @@ SamplerPtr make_sampler(const GenerateParams & p, uint32_t seed, int32_t n_vocab
         }
         llama_sampler_chain_add(chain.get(), s);  // the chain owns it from here
     };
-    if (p.repeat_penalty != 1.0f || p.frequency_penalty != 0.0f || p.presence_penalty != 0.0f) {
+    if (has_penalties(p)) {
         add(llama_sampler_init_penalties(n_vocab, p.repeat_last_n, p.repeat_penalty, p.frequency_penalty,
                                          p.presence_penalty));
     }
