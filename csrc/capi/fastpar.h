@@ -60,6 +60,7 @@ typedef struct fastpar_context_params {
     int32_t n_threads;     /* 0 = one per hardware thread */
     bool kv_unified;
     int32_t device_sampling; /* whole model on a GPU: 1 sample there, 0 on the host, -1 auto */
+    bool share_prefixes;     /* decode a prefix common to several prompts once */
 } fastpar_context_params;
 
 typedef struct fastpar_generate_params {
@@ -84,7 +85,8 @@ typedef struct fastpar_completion {
     size_t text_len;    /* bytes, without the NUL */
     int32_t * token_ids;
     int32_t n_gen_tokens; /* entries in token_ids */
-    int32_t n_prompt_tokens;
+    int32_t n_prompt_tokens;        /* prompt tokens decoded for this prompt */
+    int32_t n_prompt_tokens_shared; /* prompt tokens copied from another prompt's KV cache */
     fastpar_finish_reason finish_reason;
     char * error;       /* NULL unless finish_reason == FASTPAR_FINISH_ERROR */
     float * logprobs;   /* n_gen_tokens log-probabilities, or NULL unless logprobs was asked for */
@@ -93,7 +95,8 @@ typedef struct fastpar_completion {
 typedef struct fastpar_stats {
     int64_t n_prompts;
     int64_t n_failed;
-    int64_t n_prompt_tokens;
+    int64_t n_prompt_tokens;        /* decoded */
+    int64_t n_prompt_tokens_shared; /* copied from another prompt's KV cache */
     int64_t n_gen_tokens;
     double t_prompt_ms;
     double t_gen_ms;

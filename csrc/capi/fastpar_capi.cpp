@@ -100,7 +100,7 @@ fastpar_model_params fastpar_model_default_params(void) {
 
 fastpar_context_params fastpar_context_default_params(void) {
     const fastpar::ContextParams d;
-    return {d.n_parallel, d.n_ctx_per_seq, d.n_batch, d.n_threads, d.kv_unified, d.device_sampling};
+    return {d.n_parallel, d.n_ctx_per_seq, d.n_batch, d.n_threads, d.kv_unified, d.device_sampling, d.share_prefixes};
 }
 
 fastpar_generate_params fastpar_generate_default_params(void) {
@@ -139,6 +139,7 @@ fastpar_status fastpar_context_new(fastpar_model * model, fastpar_context_params
         cp.n_threads = params.n_threads;
         cp.kv_unified = params.kv_unified;
         cp.device_sampling = params.device_sampling;
+        cp.share_prefixes = params.share_prefixes;
         auto handle = std::make_unique<fastpar_context>();
         handle->ctx = std::make_unique<fastpar::Context>(model->model, cp);
         *ctx_out = handle.release();
@@ -197,6 +198,7 @@ fastpar_status fastpar_generate_parallel(fastpar_context * ctx, const char * con
                     std::copy(c.logprobs.begin(), c.logprobs.end(), r.logprobs);
                 }
                 r.n_prompt_tokens = c.n_prompt_tokens;
+                r.n_prompt_tokens_shared = c.n_prompt_tokens_shared;
                 r.finish_reason = static_cast<fastpar_finish_reason>(c.finish_reason);
                 r.error = c.finish_reason == fastpar::FinishReason::Error ? dup_string(c.error) : nullptr;
             }
@@ -231,6 +233,7 @@ fastpar_status fastpar_context_last_stats(const fastpar_context * ctx, fastpar_s
         *stats_out = {s.n_prompts,
                       s.n_failed,
                       s.n_prompt_tokens,
+                      s.n_prompt_tokens_shared,
                       s.n_gen_tokens,
                       s.t_prompt_ms,
                       s.t_gen_ms,

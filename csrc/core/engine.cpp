@@ -162,6 +162,7 @@ void Engine::account(const Completion & c, bool started) {
         --n_waiting_;  // finished (cancelled, failed) before it got a slot
     }
     totals_.n_prompt_tokens += c.n_prompt_tokens;
+    totals_.n_prompt_tokens_shared += c.n_prompt_tokens_shared;
     totals_.n_gen_tokens += c.n_gen_tokens;
     switch (c.finish_reason) {
         case FinishReason::Error: ++totals_.n_failed; break;

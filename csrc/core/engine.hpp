@@ -45,6 +45,7 @@ struct EngineStats {
     int64_t n_failed = 0;      // finished with "error"
     int64_t n_cancelled = 0;
     int64_t n_prompt_tokens = 0;  // over finished requests
+    int64_t n_prompt_tokens_shared = 0;
     int64_t n_gen_tokens = 0;     // over finished requests
     int64_t n_decode_calls = 0;
     double uptime_s = 0;       // since the engine started

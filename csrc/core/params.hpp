@@ -28,7 +28,13 @@ struct ContextParams {
     // sequences at once; -1 = auto: the GPU up to kAutoDeviceSamplingSlots slots, the host
     // above (measured faster there: bench/README.md).
     int32_t device_sampling = -1;
+    // Prompts that start with the same tokens (at least kMinSharedPrefix of them) decode
+    // that prefix once: the other slots copy it from the first one's KV cache.
+    bool share_prefixes = true;
 };
+
+// Shorter common prefixes are decoded by every prompt (copying costs more than it saves).
+constexpr int32_t kMinSharedPrefix = 16;
 
 struct GenerateParams {
     int32_t max_tokens = 256;         // most new tokens per prompt; 0 = none (prompt is not decoded)
@@ -75,6 +81,8 @@ struct Completion {
     FinishReason finish_reason = FinishReason::Error;
     std::string error;                // empty unless finish_reason == Error
     int32_t n_prompt_tokens = 0;      // prompt tokens decoded for this prompt
+    int32_t n_prompt_tokens_shared = 0;  // prompt tokens copied from another prompt's KV cache
+                                         // instead (share_prefixes); the prompt has the sum
     int32_t n_gen_tokens = 0;         // == token_ids.size()
     double t_queued_ms = 0;           // submitted -> admitted into a slot
     double t_first_token_ms = 0;      // submitted -> first token sampled (0 = none was)
@@ -88,6 +96,7 @@ struct Stats {
     int64_t n_prompts = 0;        // prompts in the call
     int64_t n_failed = 0;         // prompts that ended with finish_reason "error"
     int64_t n_prompt_tokens = 0;  // prompt tokens decoded
+    int64_t n_prompt_tokens_shared = 0;  // prompt tokens copied from another prompt's KV cache
     int64_t n_gen_tokens = 0;     // tokens generated
     double t_prompt_ms = 0;       // time attributed to prompt processing
     double t_gen_ms = 0;          // time attributed to generation (decode + sampling)

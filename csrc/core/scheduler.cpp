@@ -29,6 +29,22 @@ std::string decode_error_message(int32_t rc) {
 // Below this many sequences a step samples them on one thread: waking the pool costs more.
 constexpr size_t kMinPooledSamples = 8;
 
+size_t common_prefix(const std::vector<llama_token> & a, const std::vector<llama_token> & b) {
+    const size_t n = std::min(a.size(), b.size());
+    size_t i = 0;
+    while (i < n && a[i] == b[i]) {
+        ++i;
+    }
+    return i;
+}
+
+// Whether a sequence's KV cache can be copied up to a position: plain attention caches
+// can; recurrent state (one state per sequence, not per position) and sliding-window
+// caches (positions fall out of the window) cannot.
+bool memory_copies_by_position(const llama_model * model) {
+    return !llama_model_is_recurrent(model) && !llama_model_is_hybrid(model) && llama_model_n_swa(model) == 0;
+}
+
 }  // namespace
 
 struct Scheduler::Slot {
@@ -42,6 +58,8 @@ struct Scheduler::Slot {
     SamplerPtr host_sampler;   // this request's chain when it samples on the host
     llama_sampler * sampler = nullptr;  // the chain in use: host_sampler, or the attached one
     bool on_device = false;    // `sampler` is attached to the context: llama.cpp samples in the graph
+    bool waiting = false;      // this step: leaves its prefix to a slot that decodes it first
+    bool copied = false;       // this step: took its prefix from another slot's KV cache
     std::string bytes;         // generated text so far, raw bytes
     size_t n_emitted = 0;      // bytes of `bytes` already streamed through on_text
     std::string emitted;       // the text streamed so far (sanitised)
@@ -55,11 +73,15 @@ struct Scheduler::Slot {
 
 Scheduler::Scheduler(const Model & model, llama_context * ctx, llama_batch & batch, int32_t n_parallel,
                      int32_t n_batch, int32_t n_ctx_seq, Stats & stats, TaskPool * pool,
-                     std::vector<AttachedSampler> * attached)
+                     std::vector<AttachedSampler> * attached, bool share_prefixes)
     : model_(model), ctx_(ctx), mem_(llama_get_memory(ctx)), batch_(batch), n_batch_(n_batch),
-      n_ctx_seq_(n_ctx_seq), stats_(stats), pool_(pool), attached_(attached) {
+      n_ctx_seq_(n_ctx_seq), stats_(stats), pool_(pool), attached_(attached),
+      share_prefixes_(share_prefixes && n_parallel > 1 && memory_copies_by_position(model.get())) {
     if (attached_ != nullptr && attached_->size() < static_cast<size_t>(n_parallel)) {
         attached_->resize(static_cast<size_t>(n_parallel));
+    }
+    if (share_prefixes_) {
+        common_.assign(static_cast<size_t>(n_parallel) * static_cast<size_t>(n_parallel), 0);
     }
     slots_.reserve(static_cast<size_t>(n_parallel));
     for (int32_t i = 0; i < n_parallel; ++i) {
@@ -158,7 +180,84 @@ void Scheduler::admit() {
             slot.completion = Completion();
             slot.completion.t_queued_ms = ms_since(slot.request.t_submit);
             slot.active = true;
+            if (share_prefixes_) {
+                for (auto & other : slots_) {
+                    if (other.get() != &slot && other->active) {
+                        common_[pair(slot, *other)] = common_[pair(*other, slot)] =
+                            common_prefix(slot.prompt, other->prompt);
+                    }
+                }
+            }
         }
+    }
+}
+
+// A prefilling slot whose prompt starts like another active slot's takes that common
+// prefix from the other's KV cache instead of decoding it: the whole sequence is copied
+// (llama_memory_seq_cp; across the per-slot buffers of a non-unified cache only whole
+// sequences can be) and trimmed back to the common prefix. When the other slot is still
+// decoding that prefix, this one waits for it rather than decoding it too. A slot waits
+// only for one "ahead" of it (more prompt decoded, or as much and a lower seq_id), so
+// the slot furthest ahead always goes on. Every slot decodes at least its last prompt
+// token itself, whose logits start its generation.
+size_t Scheduler::pair(const Slot & a, const Slot & b) const {
+    return static_cast<size_t>(a.seq) * slots_.size() + static_cast<size_t>(b.seq);
+}
+
+void Scheduler::share_prefixes() {
+    for (auto & sp : slots_) {
+        sp->waiting = false;
+        sp->copied = false;
+    }
+    if (!share_prefixes_) {
+        return;
+    }
+    const auto min_shared = static_cast<size_t>(kMinSharedPrefix);
+    for (auto & sp : slots_) {
+        Slot & s = *sp;
+        if (!s.active || !s.prefilling() || s.prompt.size() <= min_shared) {
+            continue;
+        }
+        const size_t limit = s.prompt.size() - 1;
+        size_t best = s.n_fed;  // prompt positions s can hold after a copy now
+        Slot * donor = nullptr;
+        size_t later = 0;       // ... and after a slot ahead of it has decoded more
+        for (auto & dp : slots_) {
+            Slot & d = *dp;
+            if (&d == &s || !d.active) {
+                continue;
+            }
+            const size_t c = std::min(common_[pair(s, d)], limit);
+            if (c < min_shared) {
+                continue;
+            }
+            const size_t have = std::min(c, d.n_fed);
+            if (!d.copied && have > best) {
+                best = have;
+                donor = &d;
+            }
+            const bool ahead = d.n_fed > s.n_fed || (d.n_fed == s.n_fed && d.seq < s.seq);
+            if (d.prefilling() && d.n_fed < c && ahead) {
+                later = std::max(later, c);
+            }
+        }
+        if (later >= best + min_shared) {
+            s.waiting = true;
+            continue;
+        }
+        if (donor == nullptr || best < s.n_fed + min_shared) {
+            continue;
+        }
+        const auto n = static_cast<llama_pos>(best);
+        llama_memory_seq_rm(mem_, s.seq, -1, -1);
+        llama_memory_seq_cp(mem_, donor->seq, s.seq, -1, -1);
+        llama_memory_seq_rm(mem_, s.seq, n, -1);
+        const auto gained = static_cast<int32_t>(best - s.n_fed);
+        s.completion.n_prompt_tokens_shared += gained;
+        stats_.n_prompt_tokens_shared += gained;
+        s.n_fed = best;
+        s.n_past = n;
+        s.copied = true;
     }
 }
 
@@ -207,6 +306,7 @@ void Scheduler::choose_sampler(Slot & slot, const GenerateParams & params, uint3
 void Scheduler::step() {
     reap_cancelled();
     admit();
+    share_prefixes();
     std::vector<Slot *> group;
     int32_t budget = n_batch_;
     // Decoding slots first: one token each, n_batch >= n_parallel guarantees room.
@@ -221,7 +321,7 @@ void Scheduler::step() {
     const size_t n = slots_.size();
     for (size_t k = 0; k < n && budget > 0; ++k) {
         Slot & s = *slots_[(prefill_rotation_ + k) % n];
-        if (s.active && s.prefilling()) {
+        if (s.active && s.prefilling() && !s.waiting) {
             s.n_plan = static_cast<int32_t>(std::min<size_t>(s.prompt.size() - s.n_fed, static_cast<size_t>(budget)));
             budget -= s.n_plan;
             group.push_back(&s);

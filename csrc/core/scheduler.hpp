@@ -53,10 +53,13 @@ public:
     // `pool` (may be null) samples many sequences on the host at once. With `attached`
     // (one entry per slot, kept by the context), each slot's sampler chain is attached to
     // the context so that llama.cpp samples inside the graph, on the GPU, and only the
-    // chosen token comes back; a chain that cannot run there samples on the host.
+    // chosen token comes back; a chain that cannot run there samples on the host. With
+    // `share_prefixes`, a prompt that starts like another one copies that common prefix
+    // from the other's KV cache rather than decoding it again (models whose memory cannot
+    // be copied by position, recurrent, hybrid or sliding-window, decode everything).
     Scheduler(const Model & model, llama_context * ctx, llama_batch & batch, int32_t n_parallel,
               int32_t n_batch, int32_t n_ctx_seq, Stats & stats, TaskPool * pool = nullptr,
-              std::vector<AttachedSampler> * attached = nullptr);
+              std::vector<AttachedSampler> * attached = nullptr, bool share_prefixes = false);
     // Cancels whatever is still queued or running, so the context is left clean.
     ~Scheduler();
     Scheduler(const Scheduler &) = delete;
@@ -79,6 +82,8 @@ private:
     void reap_cancelled();
     void choose_sampler(Slot & slot, const GenerateParams & params, uint32_t seed);
     void admit();
+    void share_prefixes();
+    size_t pair(const Slot & a, const Slot & b) const;
     void emit_text(Slot & slot, bool final);
     void decode_group(std::vector<Slot *> group);
     void sample(const std::vector<Slot *> & slots);
@@ -94,6 +99,8 @@ private:
     Stats & stats_;
     TaskPool * pool_;
     std::vector<AttachedSampler> * attached_;
+    bool share_prefixes_;
+    std::vector<size_t> common_;  // [a * n_parallel + b]: common leading prompt tokens of active slots a, b
     std::vector<std::unique_ptr<Slot>> slots_;
     std::deque<Request> queue_;
     size_t prefill_rotation_ = 0;  // which slot's prompt goes first, for fairness

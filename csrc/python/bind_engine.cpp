@@ -24,6 +24,7 @@ void register_engine(py::module_ & m) {
         .def_readonly("n_failed", &EngineStats::n_failed)
         .def_readonly("n_cancelled", &EngineStats::n_cancelled)
         .def_readonly("n_prompt_tokens", &EngineStats::n_prompt_tokens)
+        .def_readonly("n_prompt_tokens_shared", &EngineStats::n_prompt_tokens_shared)
         .def_readonly("n_gen_tokens", &EngineStats::n_gen_tokens)
         .def_readonly("n_decode_calls", &EngineStats::n_decode_calls)
         .def_readonly("uptime_s", &EngineStats::uptime_s)

@@ -77,7 +77,8 @@ void register_generate(py::module_ & m) {
         .def_readwrite("n_batch", &ContextParams::n_batch)
         .def_readwrite("n_threads", &ContextParams::n_threads)
         .def_readwrite("kv_unified", &ContextParams::kv_unified)
-        .def_readwrite("device_sampling", &ContextParams::device_sampling);
+        .def_readwrite("device_sampling", &ContextParams::device_sampling)
+        .def_readwrite("share_prefixes", &ContextParams::share_prefixes);
 
     py::class_<GenerateParams>(m, "GenerateParams", "Options of a generate call; defaults are fastpar's.")
         .def(py::init<>())
@@ -104,6 +105,7 @@ void register_generate(py::module_ & m) {
             return c.finish_reason == FinishReason::Error ? py::object(py::str(c.error)) : py::object(py::none());
         })
         .def_readonly("n_prompt_tokens", &Completion::n_prompt_tokens)
+        .def_readonly("n_prompt_tokens_shared", &Completion::n_prompt_tokens_shared)
         .def_readonly("n_gen_tokens", &Completion::n_gen_tokens)
         .def_readonly("t_queued_ms", &Completion::t_queued_ms)
         .def_readonly("t_first_token_ms", &Completion::t_first_token_ms)
@@ -120,6 +122,7 @@ void register_generate(py::module_ & m) {
         .def_readonly("n_prompts", &Stats::n_prompts)
         .def_readonly("n_failed", &Stats::n_failed)
         .def_readonly("n_prompt_tokens", &Stats::n_prompt_tokens)
+        .def_readonly("n_prompt_tokens_shared", &Stats::n_prompt_tokens_shared)
         .def_readonly("n_gen_tokens", &Stats::n_gen_tokens)
         .def_readonly("t_prompt_ms", &Stats::t_prompt_ms)
         .def_readonly("t_gen_ms", &Stats::t_gen_ms)
@@ -145,7 +148,8 @@ void register_generate(py::module_ & m) {
         .def_property_readonly("n_parallel", [](const Context & c) { return c.params().n_parallel; })
         .def_property_readonly("n_batch", [](const Context & c) { return c.params().n_batch; })
         .def_property_readonly("kv_unified", [](const Context & c) { return c.params().kv_unified; })
-        .def_property_readonly("device_sampling", &Context::device_sampling);
+        .def_property_readonly("device_sampling", &Context::device_sampling)
+        .def_property_readonly("share_prefixes", [](const Context & c) { return c.params().share_prefixes; });
 }
 
 }  // namespace fastpar::python

@@ -34,12 +34,15 @@ def _demo(args: argparse.Namespace) -> int:
         print(f"Q: {question}")
         answer = c.text.strip() if c.finish_reason != "error" else f"<error: {c.error}>"
         print(f"A: {answer}")
-        print(f"   [{c.finish_reason}, {c.n_prompt_tokens} prompt + {c.n_gen_tokens} generated tokens]\n")
+        shared = f" ({c.n_prompt_tokens_shared} shared)" if c.n_prompt_tokens_shared else ""
+        print(f"   [{c.finish_reason}, {c.n_prompt_tokens + c.n_prompt_tokens_shared} prompt{shared} + "
+              f"{c.n_gen_tokens} generated tokens]\n")
     s = ctx.last_stats
     print("stats:")
     print(f"  prompt tokens     {s.n_prompt_tokens:8d}   {s.t_prompt_ms:9.1f} ms   {s.prompt_tokens_per_s:8.1f} tok/s")
     print(f"  generated tokens  {s.n_gen_tokens:8d}   {s.t_gen_ms:9.1f} ms   {s.gen_tokens_per_s:8.1f} tok/s")
     print(f"  wall              {'':8s}   {s.t_wall_ms:9.1f} ms   {s.total_tokens_per_s:8.1f} tok/s in all")
+    print(f"  prompt tokens copied from a shared prefix instead of decoded: {s.n_prompt_tokens_shared}")
     print(f"  decode calls {s.n_decode_calls}, KV-full retries {s.n_kv_full_retries}, failed prompts {s.n_failed}")
     print(f"  backend {s.backend}, {s.n_device_sampled} tokens sampled on the device")
     return 0 if s.n_failed == 0 else 1

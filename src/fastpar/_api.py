@@ -104,15 +104,20 @@ class Context:
     chosen token; ``False`` copies the logits back and samples on the host, many
     sequences at once; ``None`` (default) picks the GPU up to 8 slots and the host above,
     the faster of the two in bench/README.md's GPU measurements.
+    ``share_prefixes`` (default ``True``): prompts that begin with the same 16 tokens or
+    more decode that common prefix once; the other slots copy it from the first one's KV
+    cache (``n_prompt_tokens_shared`` in the completions and statistics counts them).
     """
 
     def __init__(self, model: Model, *, n_parallel: int = _CONTEXT_DEFAULTS.n_parallel,
                  n_ctx_per_seq: int = _CONTEXT_DEFAULTS.n_ctx_per_seq, n_batch: Optional[int] = None,
                  n_threads: Optional[int] = None, kv_unified: bool = _CONTEXT_DEFAULTS.kv_unified,
-                 device_sampling: Optional[bool] = None) -> None:
+                 device_sampling: Optional[bool] = None,
+                 share_prefixes: bool = _CONTEXT_DEFAULTS.share_prefixes) -> None:
         if not isinstance(model, Model):
             raise TypeError(f"model must be a fastpar.Model, got {type(model).__name__}")
-        params = _context_params(n_parallel, n_ctx_per_seq, n_batch, n_threads, kv_unified, device_sampling)
+        params = _context_params(n_parallel, n_ctx_per_seq, n_batch, n_threads, kv_unified, device_sampling,
+                                 share_prefixes)
         self.model = model
         self._ctx = _core.Context(model._model, params)
 
@@ -138,6 +143,10 @@ class Context:
         return self._ctx.device_sampling
 
     @property
+    def share_prefixes(self) -> bool:
+        return self._ctx.share_prefixes
+
+    @property
     def last_stats(self) -> _core.Stats:
         """Statistics of the last ``generate_parallel`` call on this context (zeros before any)."""
         return self._ctx.last_stats
@@ -152,7 +161,8 @@ class Context:
 
 
 def _context_params(n_parallel: object, n_ctx_per_seq: object, n_batch: object, n_threads: object,
-                    kv_unified: object, device_sampling: object = None) -> _core.ContextParams:
+                    kv_unified: object, device_sampling: object = None,
+                    share_prefixes: object = True) -> _core.ContextParams:
     params = _core.ContextParams()
     params.n_parallel = _int("n_parallel", n_parallel)
     params.n_ctx_per_seq = _int("n_ctx_per_seq", n_ctx_per_seq)
@@ -163,6 +173,7 @@ def _context_params(n_parallel: object, n_ctx_per_seq: object, n_batch: object, 
     params.n_threads = _CONTEXT_DEFAULTS.n_threads if n_threads is None else n_threads
     params.kv_unified = _bool("kv_unified", kv_unified)
     params.device_sampling = -1 if device_sampling is None else int(_bool("device_sampling", device_sampling))
+    params.share_prefixes = _bool("share_prefixes", share_prefixes)
     return params
 
 
