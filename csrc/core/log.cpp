@@ -3,6 +3,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
+#include <string>
+
+#ifdef GGML_BACKEND_DL
+#include <dlfcn.h>
+
+#include "core/errors.hpp"
+#endif
 
 #include "llama.h"
 
@@ -32,6 +39,19 @@ void log_hook(ggml_log_level level, const char * text, void * /*user_data*/) {
     }
 }
 
+#ifdef GGML_BACKEND_DL
+// The folder libfastpar was loaded from: the portable build ships ggml's backends there.
+std::string library_dir() {
+    Dl_info info{};
+    if (dladdr(reinterpret_cast<void *>(&backend_init), &info) == 0 || info.dli_fname == nullptr) {
+        return std::string();
+    }
+    std::string path = info.dli_fname;
+    const size_t slash = path.find_last_of('/');
+    return slash == std::string::npos ? std::string(".") : path.substr(0, slash);
+}
+#endif
+
 }  // namespace
 
 void backend_init() {
@@ -41,6 +61,16 @@ void backend_init() {
         g_verbose = verbose != nullptr && verbose[0] != '\0' && verbose[0] != '0';
         // Before any other llama.cpp call and before any thread of ours starts.
         llama_log_set(log_hook, nullptr);
+#ifdef GGML_BACKEND_DL
+        // Portable build (FASTPAR_PORTABLE): the CPU backend is one shared library per x86-64
+        // level next to libfastpar, and ggml loads the best one this CPU can run.
+        const std::string dir = library_dir();
+        ggml_backend_load_all_from_path(dir.empty() ? nullptr : dir.c_str());
+        if (ggml_backend_dev_count() == 0) {
+            throw Error("no ggml backend could be loaded from '" + dir +
+                        "' (the libggml-cpu-*.so files of a portable build belong next to libfastpar)");
+        }
+#endif
         llama_backend_init();
     });
 }

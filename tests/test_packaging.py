@@ -1,0 +1,165 @@
+"""Artefacts, not the source tree: the sdist carries the pinned llama.cpp, the wheel is
+repaired to a manylinux tag and works from a fresh virtual environment, and the C and R
+examples build against that installed wheel the way their READMEs say and give the same
+tokens as Python."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import tarfile
+import types
+
+import pytest
+
+import fastpar
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+PROMPTS = ["The capital of France is", "Water boils at"]
+
+
+def run(cmd, **kwargs) -> subprocess.CompletedProcess:
+    """Runs cmd; on failure the assertion shows its output."""
+    proc = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, **kwargs)
+    assert proc.returncode == 0, f"{' '.join(map(str, cmd))} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
+    return proc
+
+
+@pytest.fixture(scope="session")
+def wheel_env(tmp_path_factory):
+    """The wheel, built from this checkout, repaired by auditwheel and installed into a
+    fresh virtual environment without build tools. Built once per session."""
+    if not sys.platform.startswith("linux"):
+        pytest.skip("the manylinux repair (auditwheel) is Linux-only")
+    tmp = tmp_path_factory.mktemp("wheel")
+    # The same build directory as `pip install .` (pyproject.toml: build/{wheel_tag}), so
+    # after the README's install this only packages what is already built.
+    run([sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-w", tmp / "dist", ROOT])
+    (built,) = (tmp / "dist").glob("fastpar-*.whl")
+    # The native build's CPU code may use the build machine's instruction-set extensions;
+    # the distributed wheel is built with FASTPAR_PORTABLE (README, "Install").
+    run([sys.executable, "-m", "auditwheel", "repair", "--disable-isa-ext-check", "-w", tmp / "repaired", built])
+    (wheel,) = (tmp / "repaired").glob("fastpar-*.whl")
+    assert "manylinux" in wheel.name, wheel.name
+    venv = tmp / "venv"
+    run([sys.executable, "-m", "venv", venv])
+    python = venv / "bin" / "python"
+    # No compiler: any attempt to build something from source would fail.
+    env = dict(os.environ, CC="false", CXX="false", PIP_DISABLE_PIP_VERSION_CHECK="1")
+    run([python, "-m", "pip", "install", "-q", "--only-binary", ":all:", wheel], env=env, cwd=tmp)
+    where = run([python, "-c", "import fastpar, json; print(json.dumps({'file': fastpar.__file__, "
+                 "'include': fastpar.get_include(), 'library': fastpar.get_library(), "
+                 "'version': fastpar.__version__}))"], cwd=tmp)
+    info = json.loads(where.stdout)
+    assert pathlib.Path(info["file"]).is_relative_to(venv), info
+    return types.SimpleNamespace(python=python, wheel=wheel, tmp=tmp, **info)
+
+
+def test_sdist_carries_llama_cpp_and_configures_without_download(tmp_path):
+    run([sys.executable, "-m", "build", "--sdist", "--no-isolation", "-o", tmp_path, ROOT])
+    (sdist,) = tmp_path.glob("fastpar-*.tar.gz")
+    with tarfile.open(sdist) as tar:
+        names = tar.getnames()
+        top = names[0].split("/")[0]
+        for need in ("pyproject.toml", "CMakeLists.txt", "csrc/capi/fastpar.h", "vendor/llama.cpp/CMakeLists.txt",
+                     "vendor/llama.cpp/include/llama.h", "vendor/llama.cpp/FASTPAR_VENDORED",
+                     "vendor/llama.cpp/ggml/src/ggml.c"):
+            assert f"{top}/{need}" in names, need
+        assert not any(n.startswith(f"{top}/build/") for n in names)
+        assert not any(n.startswith(f"{top}/vendor/llama.cpp/models/") for n in names)
+        kwargs = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+        tar.extractall(tmp_path / "src", **kwargs)
+    # Configuring the unpacked sdist finds llama.cpp there: with the download pointed at a
+    # file that does not exist, a fetch would fail the configure.
+    env = dict(os.environ, FASTPAR_LLAMA_SDIST=str(tmp_path / "missing.tar.gz"))
+    conf = run(["cmake", "-S", tmp_path / "src" / top, "-B", tmp_path / "build", "-DFASTPAR_BUILD_PYTHON=OFF"],
+               env=env)
+    assert "fetching the pinned source" not in conf.stdout
+    print(f"sdist {sdist.name}: {sdist.stat().st_size / 1e6:.1f} MB")
+
+
+def test_wheel_runs_the_demo_outside_the_source_tree(wheel_env, model):
+    demo = run([wheel_env.python, "-m", "fastpar", "demo", "--max-tokens", "8"], cwd=wheel_env.tmp, timeout=600)
+    assert demo.stdout.startswith(f"fastpar {fastpar.__version__} (")
+    assert "stats:" in demo.stdout
+    print(f"wheel {wheel_env.wheel.name}: {wheel_env.wheel.stat().st_size / 1e6:.1f} MB")
+
+
+def python_greedy(model, n_parallel, max_tokens):
+    """The examples' call made from Python, on the CPU as the examples run."""
+    cpu_model = fastpar.Model(model.path)
+    ctx = fastpar.Context(cpu_model, n_parallel=n_parallel, n_ctx_per_seq=512)
+    results = fastpar.generate_parallel(ctx, PROMPTS, max_tokens=max_tokens, temperature=0.0)
+    assert all(c.n_gen_tokens > 0 for c in results)
+    return [c.token_ids for c in results]
+
+
+def test_c_example_builds_against_the_wheel_and_matches_python(wheel_env, model, tmp_path):
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    lib = os.path.dirname(wheel_env.library)
+    exe = tmp_path / "generate"
+    # examples/c/README.md's command.
+    run([cc, "-std=c11", "-O2", "-Wall", "-Werror", EXAMPLES / "c" / "generate.c", f"-I{wheel_env.include}",
+         f"-L{lib}", "-lfastpar", f"-Wl,-rpath,{lib}", "-o", exe])
+    out = run([exe, model.path, *PROMPTS], timeout=300)
+    lines = out.stdout.splitlines()
+    c_tokens = []
+    for i, prompt in enumerate(PROMPTS):
+        head = next(ln for ln in lines if ln.startswith(f"[{i}] {prompt} ("))
+        c_tokens.append([int(t) for t in head.split("):", 1)[1].split()])
+    assert lines[-1].startswith(f"fastpar {fastpar.__version__} ({fastpar.backend()}): ")
+    assert c_tokens == python_greedy(model, n_parallel=2, max_tokens=48)
+
+
+def test_r_example_builds_against_the_wheel_and_matches_python(wheel_env, model, tmp_path):
+    if shutil.which("Rscript") is None or shutil.which("R") is None:
+        pytest.skip("R is not installed (.ci/run installs Debian's r-base-core)")
+    work = tmp_path / "r"
+    shutil.copytree(EXAMPLES / "r", work)
+    lib = os.path.dirname(wheel_env.library)
+    # examples/r/README.md's command.
+    env = dict(os.environ, PKG_CPPFLAGS=f"-I{wheel_env.include}",
+               PKG_LIBS=f"-L{lib} -lfastpar -Wl,-rpath,{lib}")
+    run(["R", "CMD", "SHLIB", "-o", "fastpar_r.so", "fastpar_r.c"], cwd=work, env=env)
+    out = run(["Rscript", "demo.R", model.path, *PROMPTS], cwd=work, timeout=300)
+    r_tokens = [[int(t) for t in ln.split()[1:]] for ln in out.stdout.splitlines() if ln.startswith("TOKENS")]
+    assert f"fastpar {fastpar.__version__}: 2 prompts" in out.stdout
+    assert r_tokens == python_greedy(model, n_parallel=4, max_tokens=24)
+
+
+def test_r_errors_are_r_errors_and_leave_nothing_behind(wheel_env, model, tmp_path):
+    if shutil.which("Rscript") is None or shutil.which("R") is None:
+        pytest.skip("R is not installed (.ci/run installs Debian's r-base-core)")
+    work = tmp_path / "r"
+    shutil.copytree(EXAMPLES / "r", work)
+    lib = os.path.dirname(wheel_env.library)
+    env = dict(os.environ, PKG_CPPFLAGS=f"-I{wheel_env.include}",
+               PKG_LIBS=f"-L{lib} -lfastpar -Wl,-rpath,{lib}")
+    run(["R", "CMD", "SHLIB", "-o", "fastpar_r.so", "fastpar_r.c"], cwd=work, env=env)
+    script = work / "errors.R"
+    script.write_text(f"""
+source("fastpar.R"); fastpar_load_glue("fastpar_r.so")
+e <- tryCatch(fastpar_model("/no/such/model.gguf"), error = function(e) conditionMessage(e))
+cat("MISSING", e, "\\n")
+model <- fastpar_model({json.dumps(model.path)})
+e <- tryCatch(fastpar_context(model, n_parallel = 0), error = function(e) conditionMessage(e))
+cat("BADCTX", e, "\\n")
+ctx <- fastpar_context(model, n_parallel = 2, n_ctx_per_seq = 64)
+r <- generate_parallel(ctx, c(strrep("word ", 200), "Hello"), max_tokens = 4, temperature = 0)
+cat("FAILED", r[[1]]$finish_reason, "|", r[[2]]$finish_reason, "\\n")
+fastpar_free(ctx)
+e <- tryCatch(generate_parallel(ctx, "Hi"), error = function(e) conditionMessage(e))
+cat("FREED", e, "\\n")
+""")
+    out = run(["Rscript", script.name], cwd=work, timeout=300).stdout
+    assert "MISSING fastpar_model_load failed (status 2): model file not found" in out
+    assert "BADCTX fastpar_context_new failed (status 1): n_parallel" in out
+    assert "FAILED error | length" in out
+    assert "FREED this fastpar context has been freed" in out
