@@ -118,32 +118,30 @@ def test_c_example_builds_against_the_wheel_and_matches_python(wheel_env, model,
     assert c_tokens == python_greedy(model, n_parallel=2, max_tokens=48)
 
 
-def test_r_example_builds_against_the_wheel_and_matches_python(wheel_env, model, tmp_path):
+@pytest.fixture(scope="module")
+def r_example(wheel_env, tmp_path_factory):
+    """A copy of examples/r with its glue built against the installed wheel."""
     if shutil.which("Rscript") is None or shutil.which("R") is None:
         pytest.skip("R is not installed (.ci/run installs Debian's r-base-core)")
-    work = tmp_path / "r"
+    work = tmp_path_factory.mktemp("r") / "r"
     shutil.copytree(EXAMPLES / "r", work)
     lib = os.path.dirname(wheel_env.library)
     # examples/r/README.md's command.
     env = dict(os.environ, PKG_CPPFLAGS=f"-I{wheel_env.include}",
                PKG_LIBS=f"-L{lib} -lfastpar -Wl,-rpath,{lib}")
     run(["R", "CMD", "SHLIB", "-o", "fastpar_r.so", "fastpar_r.c"], cwd=work, env=env)
-    out = run(["Rscript", "demo.R", model.path, *PROMPTS], cwd=work, timeout=300)
+    return work
+
+
+def test_r_example_builds_against_the_wheel_and_matches_python(r_example, model):
+    out = run(["Rscript", "demo.R", model.path, *PROMPTS], cwd=r_example, timeout=300)
     r_tokens = [[int(t) for t in ln.split()[1:]] for ln in out.stdout.splitlines() if ln.startswith("TOKENS")]
     assert f"fastpar {fastpar.__version__}: 2 prompts" in out.stdout
     assert r_tokens == python_greedy(model, n_parallel=4, max_tokens=24)
 
 
-def test_r_errors_are_r_errors_and_leave_nothing_behind(wheel_env, model, tmp_path):
-    if shutil.which("Rscript") is None or shutil.which("R") is None:
-        pytest.skip("R is not installed (.ci/run installs Debian's r-base-core)")
-    work = tmp_path / "r"
-    shutil.copytree(EXAMPLES / "r", work)
-    lib = os.path.dirname(wheel_env.library)
-    env = dict(os.environ, PKG_CPPFLAGS=f"-I{wheel_env.include}",
-               PKG_LIBS=f"-L{lib} -lfastpar -Wl,-rpath,{lib}")
-    run(["R", "CMD", "SHLIB", "-o", "fastpar_r.so", "fastpar_r.c"], cwd=work, env=env)
-    script = work / "errors.R"
+def test_r_errors_are_r_errors_and_leave_nothing_behind(r_example, model):
+    script = r_example / "errors.R"
     script.write_text(f"""
 source("fastpar.R"); fastpar_load_glue("fastpar_r.so")
 e <- tryCatch(fastpar_model("/no/such/model.gguf"), error = function(e) conditionMessage(e))
@@ -158,7 +156,7 @@ fastpar_free(ctx)
 e <- tryCatch(generate_parallel(ctx, "Hi"), error = function(e) conditionMessage(e))
 cat("FREED", e, "\\n")
 """)
-    out = run(["Rscript", script.name], cwd=work, timeout=300).stdout
+    out = run(["Rscript", script.name], cwd=r_example, timeout=300).stdout
     assert "MISSING fastpar_model_load failed (status 2): model file not found" in out
     assert "BADCTX fastpar_context_new failed (status 1): n_parallel" in out
     assert "FAILED error | length" in out

@@ -192,6 +192,10 @@ void Scheduler::admit() {
     }
 }
 
+size_t Scheduler::pair(const Slot & a, const Slot & b) const {
+    return static_cast<size_t>(a.seq) * slots_.size() + static_cast<size_t>(b.seq);
+}
+
 // A prefilling slot whose prompt starts like another active slot's takes that common
 // prefix from the other's KV cache instead of decoding it: the whole sequence is copied
 // (llama_memory_seq_cp; across the per-slot buffers of a non-unified cache only whole
@@ -200,10 +204,6 @@ void Scheduler::admit() {
 // only for one "ahead" of it (more prompt decoded, or as much and a lower seq_id), so
 // the slot furthest ahead always goes on. Every slot decodes at least its last prompt
 // token itself, whose logits start its generation.
-size_t Scheduler::pair(const Slot & a, const Slot & b) const {
-    return static_cast<size_t>(a.seq) * slots_.size() + static_cast<size_t>(b.seq);
-}
-
 void Scheduler::share_prefixes() {
     for (auto & sp : slots_) {
         sp->waiting = false;
