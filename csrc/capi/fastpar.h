@@ -115,6 +115,8 @@ FASTPAR_API const char * fastpar_backend(void);
 /* The message of the last failed call on this thread ("" if none). Valid until the next
  * fastpar call on this thread. */
 FASTPAR_API const char * fastpar_last_error(void);
+/* "stop", "length", "error" or "cancelled" (the names Python uses); "unknown" otherwise. */
+FASTPAR_API const char * fastpar_finish_reason_name(fastpar_finish_reason reason);
 
 FASTPAR_API fastpar_model_params fastpar_model_default_params(void);
 FASTPAR_API fastpar_context_params fastpar_context_default_params(void);

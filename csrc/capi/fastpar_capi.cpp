@@ -93,6 +93,17 @@ const char * fastpar_version(void) { return fastpar::version(); }
 const char * fastpar_backend(void) { return fastpar::backend_name(); }
 const char * fastpar_last_error(void) { return t_last_error.c_str(); }
 
+const char * fastpar_finish_reason_name(fastpar_finish_reason reason) {
+    switch (reason) {
+        case FASTPAR_FINISH_STOP:
+        case FASTPAR_FINISH_LENGTH:
+        case FASTPAR_FINISH_ERROR:
+        case FASTPAR_FINISH_CANCELLED:
+            return fastpar::finish_reason_name(static_cast<fastpar::FinishReason>(reason));
+    }
+    return "unknown";
+}
+
 fastpar_model_params fastpar_model_default_params(void) {
     const fastpar::ModelParams d;
     return {d.n_gpu_layers, d.use_mmap};

@@ -9,16 +9,6 @@
 
 #include "fastpar.h"
 
-static const char * finish_name(fastpar_finish_reason r) {
-    switch (r) {
-        case FASTPAR_FINISH_STOP: return "stop";
-        case FASTPAR_FINISH_LENGTH: return "length";
-        case FASTPAR_FINISH_ERROR: return "error";
-        case FASTPAR_FINISH_CANCELLED: return "cancelled";
-    }
-    return "?";
-}
-
 int main(int argc, char ** argv) {
     if (argc < 3) {
         fprintf(stderr, "usage: %s MODEL.gguf PROMPT [PROMPT ...]\n", argv[0]);
@@ -55,7 +45,7 @@ int main(int argc, char ** argv) {
     int n_failed = 0;
     for (int32_t i = 0; i < n_prompts; ++i) {
         const fastpar_completion * c = &results[i];
-        printf("[%d] %s (%s, %d tokens):", i, prompts[i], finish_name(c->finish_reason), c->n_gen_tokens);
+        printf("[%d] %s (%s, %d tokens):", i, prompts[i], fastpar_finish_reason_name(c->finish_reason), c->n_gen_tokens);
         for (int32_t t = 0; t < c->n_gen_tokens; ++t) printf(" %d", c->token_ids[t]);
         printf("\n%s\n", c->finish_reason == FASTPAR_FINISH_ERROR ? c->error : c->text);
         n_failed += c->finish_reason == FASTPAR_FINISH_ERROR;

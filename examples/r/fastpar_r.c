@@ -128,16 +128,6 @@ SEXP fastpar_r_free(SEXP ptr) {
     return R_NilValue;
 }
 
-static const char * finish_name(fastpar_finish_reason r) {
-    switch (r) {
-        case FASTPAR_FINISH_STOP: return "stop";
-        case FASTPAR_FINISH_LENGTH: return "length";
-        case FASTPAR_FINISH_ERROR: return "error";
-        case FASTPAR_FINISH_CANCELLED: return "cancelled";
-    }
-    return "unknown";
-}
-
 /* generate_parallel(ctx, prompts, max_tokens, temperature, top_k, top_p, min_p,
  * repeat_penalty, seed, stop, ignore_eos): a list with one entry per prompt. */
 SEXP fastpar_r_generate(SEXP ctx_ptr, SEXP prompts, SEXP max_tokens, SEXP temperature, SEXP top_k, SEXP top_p,
@@ -199,7 +189,7 @@ SEXP fastpar_r_generate(SEXP ctx_ptr, SEXP prompts, SEXP max_tokens, SEXP temper
             INTEGER(ids)[k] = c->token_ids[k];
         }
         SET_VECTOR_ELT(item, 1, ids);
-        SET_VECTOR_ELT(item, 2, Rf_mkString(finish_name(c->finish_reason)));
+        SET_VECTOR_ELT(item, 2, Rf_mkString(fastpar_finish_reason_name(c->finish_reason)));
         SET_VECTOR_ELT(item, 3, c->error != NULL ? Rf_ScalarString(Rf_mkCharCE(c->error, CE_UTF8))
                                                  : Rf_ScalarString(NA_STRING));
         SET_VECTOR_ELT(item, 4, Rf_ScalarInteger(c->n_prompt_tokens + c->n_prompt_tokens_shared));

@@ -33,6 +33,8 @@ static long rss_kib(void) {
 int main(int argc, char ** argv) {
     CHECK(argc == 2, "usage: capi_check MODEL.gguf");
     printf("capi: version %s backend %s\n", fastpar_version(), fastpar_backend());
+    CHECK(strcmp(fastpar_finish_reason_name(FASTPAR_FINISH_LENGTH), "length") == 0, "finish reason names");
+    CHECK(strcmp(fastpar_finish_reason_name((fastpar_finish_reason)42), "unknown") == 0, "unknown finish reason");
 
     fastpar_model * model = NULL;
     fastpar_context * ctx = NULL;
