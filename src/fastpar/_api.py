@@ -162,7 +162,7 @@ class Context:
 
 def _context_params(n_parallel: object, n_ctx_per_seq: object, n_batch: object, n_threads: object,
                     kv_unified: object, device_sampling: object = None,
-                    share_prefixes: object = True) -> _core.ContextParams:
+                    share_prefixes: object = _CONTEXT_DEFAULTS.share_prefixes) -> _core.ContextParams:
     params = _core.ContextParams()
     params.n_parallel = _int("n_parallel", n_parallel)
     params.n_ctx_per_seq = _int("n_ctx_per_seq", n_ctx_per_seq)
