@@ -4,6 +4,14 @@
 #include <cmath>
 #include <random>
 
+#if defined(__SSE2__) || defined(_M_X64)
+#include <emmintrin.h>
+#define FASTPAR_SSE2 1
+#elif defined(__ARM_NEON) && defined(__aarch64__)
+#include <arm_neon.h>
+#define FASTPAR_NEON 1
+#endif
+
 #include "core/errors.hpp"
 
 namespace fastpar {
@@ -23,6 +31,77 @@ bool has_penalties(const GenerateParams & p) {
     return p.repeat_penalty != 1.0f || p.frequency_penalty != 0.0f || p.presence_penalty != 0.0f;
 }
 
+// A row of logits is scanned in blocks whose largest value is found with vector max
+// instructions (four lanes, four accumulators); only the blocks that can matter are then
+// read one logit at a time. With a 152k vocabulary and hundreds of rows a step on a GPU,
+// the plain loop was the larger part of host sampling.
+constexpr int32_t kArgmaxBlock = 256;
+constexpr int32_t kTopKBlock = 64;
+
+// The largest of x[0..n), n > 0 (a NaN may be passed over).
+float max_of(const float * x, int32_t n) {
+    int32_t i = 1;
+    float m = x[0];
+#if defined(FASTPAR_SSE2)
+    if (n >= 16) {
+        __m128 a = _mm_loadu_ps(x), b = _mm_loadu_ps(x + 4), c = _mm_loadu_ps(x + 8), d = _mm_loadu_ps(x + 12);
+        for (i = 16; i + 16 <= n; i += 16) {
+            a = _mm_max_ps(a, _mm_loadu_ps(x + i));
+            b = _mm_max_ps(b, _mm_loadu_ps(x + i + 4));
+            c = _mm_max_ps(c, _mm_loadu_ps(x + i + 8));
+            d = _mm_max_ps(d, _mm_loadu_ps(x + i + 12));
+        }
+        float lanes[4];
+        _mm_storeu_ps(lanes, _mm_max_ps(_mm_max_ps(a, b), _mm_max_ps(c, d)));
+        m = std::max(std::max(lanes[0], lanes[1]), std::max(lanes[2], lanes[3]));
+    }
+#elif defined(FASTPAR_NEON)
+    if (n >= 16) {
+        float32x4_t a = vld1q_f32(x), b = vld1q_f32(x + 4), c = vld1q_f32(x + 8), d = vld1q_f32(x + 12);
+        for (i = 16; i + 16 <= n; i += 16) {
+            a = vmaxq_f32(a, vld1q_f32(x + i));
+            b = vmaxq_f32(b, vld1q_f32(x + i + 4));
+            c = vmaxq_f32(c, vld1q_f32(x + i + 8));
+            d = vmaxq_f32(d, vld1q_f32(x + i + 12));
+        }
+        m = vmaxvq_f32(vmaxq_f32(vmaxq_f32(a, b), vmaxq_f32(c, d)));
+    }
+#endif
+    for (; i < n; ++i) {
+        m = x[i] > m ? x[i] : m;
+    }
+    return m;
+}
+
+// The greedy sampler's choice: the first of the largest logits.
+llama_token argmax(const float * logits, int32_t n_vocab) {
+    float best = -INFINITY;
+    int32_t best_block = -1;
+    for (int32_t b = 0; b < n_vocab; b += kArgmaxBlock) {
+        const float m = max_of(logits + b, std::min(kArgmaxBlock, n_vocab - b));
+        if (m > best) {
+            best = m;
+            best_block = b;
+        }
+    }
+    if (best_block >= 0) {
+        const int32_t end = std::min(best_block + kArgmaxBlock, n_vocab);
+        for (int32_t t = best_block; t < end; ++t) {
+            if (logits[t] == best) {
+                return t;
+            }
+        }
+    }
+    // Rows of -inf or NaN: one logit at a time, as the greedy sampler does.
+    llama_token t_best = 0;
+    for (llama_token t = 1; t < n_vocab; ++t) {
+        if (logits[t] > logits[t_best]) {
+            t_best = t;
+        }
+    }
+    return t_best;
+}
+
 }  // namespace
 
 bool same_sampler(const GenerateParams & a, uint32_t seed_a, const GenerateParams & b, uint32_t seed_b) {
@@ -38,13 +117,7 @@ llama_token sample_logits(llama_sampler * chain, const GenerateParams & p, const
                           int32_t n_vocab, std::vector<llama_token_data> & cur) {
     const bool penalties = has_penalties(p);
     if (!penalties && p.temperature <= 0.0f) {
-        // The greedy sampler's choice: the first of the largest logits.
-        llama_token best = 0;
-        for (llama_token t = 1; t < n_vocab; ++t) {
-            if (logits[t] > logits[best]) {
-                best = t;
-            }
-        }
+        const llama_token best = argmax(logits, n_vocab);
         llama_sampler_accept(chain, best);
         return best;
     }
@@ -57,14 +130,21 @@ llama_token sample_logits(llama_sampler * chain, const GenerateParams & p, const
             return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
         };
         cur.clear();
-        for (llama_token t = 0; t < n_vocab; ++t) {
-            if (cur.size() < k) {
-                cur.push_back(llama_token_data{t, logits[t], 0.0f});
-                std::push_heap(cur.begin(), cur.end(), worse);
-            } else if (logits[t] > cur.front().logit) {
-                std::pop_heap(cur.begin(), cur.end(), worse);
-                cur.back() = llama_token_data{t, logits[t], 0.0f};
-                std::push_heap(cur.begin(), cur.end(), worse);
+        for (llama_token b = 0; b < n_vocab; b += kTopKBlock) {
+            const llama_token end = std::min(b + kTopKBlock, n_vocab);
+            // A block none of whose logits beats the k-th best so far changes nothing.
+            if (cur.size() == k && !(max_of(logits + b, end - b) > cur.front().logit)) {
+                continue;
+            }
+            for (llama_token t = b; t < end; ++t) {
+                if (cur.size() < k) {
+                    cur.push_back(llama_token_data{t, logits[t], 0.0f});
+                    std::push_heap(cur.begin(), cur.end(), worse);
+                } else if (logits[t] > cur.front().logit) {
+                    std::pop_heap(cur.begin(), cur.end(), worse);
+                    cur.back() = llama_token_data{t, logits[t], 0.0f};
+                    std::push_heap(cur.begin(), cur.end(), worse);
+                }
             }
         }
         std::sort_heap(cur.begin(), cur.end(), worse);
