@@ -107,6 +107,8 @@ typedef struct fastpar_stats {
     int64_t n_decode_calls;
     int64_t n_kv_full_retries;
     int64_t n_device_sampled; /* tokens sampled by llama.cpp on the GPU */
+    double t_sample_ms;       /* part of t_gen_ms spent choosing tokens from the logits */
+    int64_t n_padding_tokens; /* throw-away tokens that kept a step in one forward pass (GPU) */
 } fastpar_stats;
 
 FASTPAR_API const char * fastpar_version(void);

@@ -254,7 +254,9 @@ fastpar_status fastpar_context_last_stats(const fastpar_context * ctx, fastpar_s
                       s.total_tokens_per_s(),
                       s.n_decode_calls,
                       s.n_kv_full_retries,
-                      s.n_device_sampled};
+                      s.n_device_sampled,
+                      s.t_sample_ms,
+                      s.n_padding_tokens};
         return FASTPAR_OK;
     });
 }

@@ -21,13 +21,15 @@ void print_stats(const Stats & s) {
     std::fprintf(stderr,
                  "[fastpar] prompts %lld (failed %lld) | prompt %lld tok (+%lld shared), %.1f ms, %.1f tok/s | "
                  "generated %lld tok, %.1f ms, %.1f tok/s | wall %.1f ms, %.1f tok/s | decode calls %lld, "
-                 "kv-full retries %lld | backend %s, %lld tokens sampled on the device\n",
+                 "kv-full retries %lld, padding tokens %lld | sampling %.1f ms | backend %s, %lld tokens sampled "
+                 "on the device\n",
                  static_cast<long long>(s.n_prompts), static_cast<long long>(s.n_failed),
                  static_cast<long long>(s.n_prompt_tokens), static_cast<long long>(s.n_prompt_tokens_shared),
                  s.t_prompt_ms, s.prompt_tokens_per_s(),
                  static_cast<long long>(s.n_gen_tokens), s.t_gen_ms, s.gen_tokens_per_s(), s.t_wall_ms,
                  s.total_tokens_per_s(), static_cast<long long>(s.n_decode_calls),
-                 static_cast<long long>(s.n_kv_full_retries), backend_name(),
+                 static_cast<long long>(s.n_kv_full_retries), static_cast<long long>(s.n_padding_tokens),
+                 s.t_sample_ms, backend_name(),
                  static_cast<long long>(s.n_device_sampled));
 }
 #endif
@@ -92,7 +94,7 @@ Context::~Context() {
 void Context::with_scheduler(Stats & stats, const std::function<void(Scheduler &)> & body) {
     std::lock_guard<std::mutex> lock(mutex_);
     Scheduler scheduler(*model_, ctx_, batch_, params_.n_parallel, params_.n_batch, n_ctx_seq_, stats, pool_.get(),
-                        device_sampling() ? &attached_ : nullptr, params_.share_prefixes);
+                        device_sampling() ? &attached_ : nullptr, params_.share_prefixes, params_.kv_unified);
     try {
         body(scheduler);
     } catch (...) {

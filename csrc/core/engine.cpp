@@ -174,6 +174,7 @@ void Engine::account(const Completion & c, bool started) {
 void Engine::run() {
     try {
         ctx_->with_scheduler(loop_stats_, [this](Scheduler & scheduler) {
+            scheduler.limit_decode_waits();  // requests stream: keep running ones going
             for (;;) {
                 std::deque<std::function<void()>> tasks;
                 {
@@ -202,6 +203,7 @@ void Engine::run() {
                 std::lock_guard<std::mutex> lock(mutex_);
                 totals_.busy_s += dt;
                 totals_.n_decode_calls = loop_stats_.n_decode_calls;
+                totals_.n_padding_tokens = loop_stats_.n_padding_tokens;
             }
         });
     } catch (...) {

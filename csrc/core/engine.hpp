@@ -48,6 +48,7 @@ struct EngineStats {
     int64_t n_prompt_tokens_shared = 0;
     int64_t n_gen_tokens = 0;     // over finished requests
     int64_t n_decode_calls = 0;
+    int64_t n_padding_tokens = 0;  // throw-away tokens that kept a step in one forward pass (GPU)
     double uptime_s = 0;       // since the engine started
     double busy_s = 0;         // time with at least one request in a slot
     double gen_tokens_per_s() const { return busy_s > 0 ? static_cast<double>(n_gen_tokens) / busy_s : 0.0; }

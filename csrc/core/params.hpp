@@ -104,6 +104,8 @@ struct Stats {
     int64_t n_decode_calls = 0;   // llama_decode calls, retries included
     int64_t n_kv_full_retries = 0;  // llama_decode returned 1 (no KV room) and the batch was split
     int64_t n_device_sampled = 0;   // tokens sampled by llama.cpp on the GPU, inside the graph
+    double t_sample_ms = 0;         // part of t_gen_ms spent choosing tokens from the logits
+    int64_t n_padding_tokens = 0;   // throw-away tokens that kept a step in one forward pass (GPU)
 
     double prompt_tokens_per_s() const { return t_prompt_ms > 0 ? 1e3 * static_cast<double>(n_prompt_tokens) / t_prompt_ms : 0.0; }
     double gen_tokens_per_s() const { return t_gen_ms > 0 ? 1e3 * static_cast<double>(n_gen_tokens) / t_gen_ms : 0.0; }

@@ -29,6 +29,15 @@ std::string decode_error_message(int32_t rc) {
 // Below this many sequences a step samples them on one thread: waking the pool costs more.
 constexpr size_t kMinPooledSamples = 8;
 
+// With one KV buffer per slot (kv_unified off), llama.cpp splits a batch into forward
+// passes ("ubatches") of sequences with consecutive seq_ids and an equal number of tokens
+// each: decoding slots 3, 4 and 7 take two passes, not one. On a GPU a pass has a large
+// fixed cost and a token a small one, so a gap of up to this many idle slots between
+// decoding slots is padded: each gets one throw-away token (no logits, removed from its
+// KV right after), and the step stays one pass. On the CPU a token costs about as much as
+// the pass's fixed part, so it does not pay.
+constexpr size_t kMaxPaddedGapGpu = 32;
+
 size_t common_prefix(const std::vector<llama_token> & a, const std::vector<llama_token> & b) {
     const size_t n = std::min(a.size(), b.size());
     size_t i = 0;
@@ -67,16 +76,21 @@ struct Scheduler::Slot {
     // Set while building a batch:
     int32_t n_plan = 0;        // tokens this slot adds to the batch
     int32_t i_logits = -1;     // batch index whose logits this slot samples, or -1
+    bool pad = false;          // adds one throw-away token only, to keep the step one pass
 
     bool prefilling() const { return n_fed < prompt.size(); }
 };
 
 Scheduler::Scheduler(const Model & model, llama_context * ctx, llama_batch & batch, int32_t n_parallel,
                      int32_t n_batch, int32_t n_ctx_seq, Stats & stats, TaskPool * pool,
-                     std::vector<AttachedSampler> * attached, bool share_prefixes)
+                     std::vector<AttachedSampler> * attached, bool share_prefixes, bool kv_unified)
     : model_(model), ctx_(ctx), mem_(llama_get_memory(ctx)), batch_(batch), n_batch_(n_batch),
       n_ctx_seq_(n_ctx_seq), stats_(stats), pool_(pool), attached_(attached),
-      share_prefixes_(share_prefixes && n_parallel > 1 && memory_copies_by_position(model.get())) {
+      share_prefixes_(share_prefixes && n_parallel > 1 && memory_copies_by_position(model.get())),
+      max_padded_gap_(model.output_on_gpu() && !kv_unified && memory_copies_by_position(model.get())
+                          ? kMaxPaddedGapGpu
+                          : 0),
+      prompts_first_(model.output_on_gpu() && !kv_unified) {
     if (attached_ != nullptr && attached_->size() < static_cast<size_t>(n_parallel)) {
         attached_->resize(static_cast<size_t>(n_parallel));
     }
@@ -307,23 +321,71 @@ void Scheduler::step() {
     reap_cancelled();
     admit();
     share_prefixes();
-    std::vector<Slot *> group;
-    int32_t budget = n_batch_;
-    // Decoding slots first: one token each, n_batch >= n_parallel guarantees room.
+    std::vector<Slot *> decoders;
+    size_t n_prompt_ready = 0;  // prompt tokens that could be decoded now
     for (auto & s : slots_) {
-        if (s->active && !s->prefilling()) {
-            s->n_plan = 1;
-            --budget;
-            group.push_back(s.get());
+        s->pad = false;
+        if (!s->active) {
+            continue;
+        }
+        if (!s->prefilling()) {
+            decoders.push_back(s.get());
+        } else if (!s->waiting) {
+            n_prompt_ready += s->prompt.size() - s->n_fed;
         }
     }
-    // Prompt chunks fill what is left, starting from a rotating slot so none starves.
+    // On a GPU, while prompts waiting to be decoded fill a batch on their own, they take it
+    // and the decoding slots wait: their tokens and the prompt chunks would be separate
+    // forward passes anyway, and once every prompt is in, all slots decode together in one.
+    const bool prompts_first = prompts_first_ && !decoders.empty() && decode_waits_ < max_decode_waits_ &&
+                               n_prompt_ready >= static_cast<size_t>(n_batch_) - decoders.size();
+    decode_waits_ = prompts_first ? decode_waits_ + 1 : 0;
+    if (prompts_first) {
+        decoders.clear();
+    }
+    std::vector<Slot *> group;
+    int32_t budget = n_batch_;
+    // Decoding slots first: one token each, n_batch >= n_parallel guarantees room, for the
+    // padding between them too (slots are in seq_id order).
+    for (size_t i = 0; i < decoders.size(); ++i) {
+        Slot * s = decoders[i];
+        s->n_plan = 1;
+        --budget;
+        group.push_back(s);
+        if (i + 1 < decoders.size()) {
+            const auto gap = static_cast<size_t>(decoders[i + 1]->seq - s->seq - 1);
+            if (gap > 0 && gap <= max_padded_gap_) {
+                for (llama_seq_id q = s->seq + 1; q < decoders[i + 1]->seq; ++q) {
+                    Slot & p = *slots_[static_cast<size_t>(q)];
+                    p.pad = true;
+                    p.n_plan = 1;
+                    --budget;
+                    group.push_back(&p);
+                }
+            }
+        }
+    }
+    // Prompt chunks fill what is left, starting from a rotating slot so none starves. The
+    // first takes what fits; the others go only whole, because a cut prompt ends in a
+    // pass of its own next step. A padded slot that gets a chunk needs no padding.
+    bool first = true;
     const size_t n = slots_.size();
     for (size_t k = 0; k < n && budget > 0; ++k) {
         Slot & s = *slots_[(prefill_rotation_ + k) % n];
-        if (s.active && s.prefilling() && !s.waiting) {
-            s.n_plan = static_cast<int32_t>(std::min<size_t>(s.prompt.size() - s.n_fed, static_cast<size_t>(budget)));
-            budget -= s.n_plan;
+        if (!s.active || !s.prefilling() || s.waiting) {
+            continue;
+        }
+        const size_t left = s.prompt.size() - s.n_fed;
+        const auto room = static_cast<size_t>(budget + (s.pad ? 1 : 0));
+        if (!first && left > room) {
+            continue;
+        }
+        first = false;
+        s.n_plan = static_cast<int32_t>(std::min(left, room));
+        budget = static_cast<int32_t>(room) - s.n_plan;
+        if (s.pad) {
+            s.pad = false;  // already in the group
+        } else {
             group.push_back(&s);
         }
     }
@@ -334,8 +396,10 @@ void Scheduler::step() {
 }
 
 void Scheduler::decode_group(std::vector<Slot *> group) {
+    // In seq_id order: llama.cpp puts only consecutive sequences into one forward pass.
+    std::sort(group.begin(), group.end(), [](const Slot * a, const Slot * b) { return a->seq < b->seq; });
     batch_.n_tokens = 0;
-    int64_t n_prompt_tokens = 0, n_gen_tokens = 0;
+    int64_t n_prompt_tokens = 0, n_gen_tokens = 0, n_padding = 0;
     auto add = [this](llama_token token, llama_pos pos, llama_seq_id seq, bool logits) {
         const int32_t i = batch_.n_tokens++;
         batch_.token[i] = token;
@@ -347,7 +411,10 @@ void Scheduler::decode_group(std::vector<Slot *> group) {
     };
     for (Slot * s : group) {
         s->i_logits = -1;
-        if (s->prefilling()) {
+        if (s->pad) {
+            add(0, s->n_past, s->seq, false);  // any token: its KV entry is removed after the call
+            ++n_padding;
+        } else if (s->prefilling()) {
             const bool last_chunk = s->n_fed + static_cast<size_t>(s->n_plan) == s->prompt.size();
             for (int32_t j = 0; j < s->n_plan; ++j) {
                 const bool logits = last_chunk && j == s->n_plan - 1;
@@ -364,12 +431,31 @@ void Scheduler::decode_group(std::vector<Slot *> group) {
     }
 
     const auto t0 = Clock::now();
-    const int32_t rc = llama_decode(ctx_, batch_);
+    int32_t rc = llama_decode(ctx_, batch_);
+    if (rc == 0) {
+        llama_synchronize(ctx_);  // a GPU computes after llama_decode returns: count it here
+    }
     const double dt = ms_since(t0);
     ++stats_.n_decode_calls;
+    stats_.n_padding_tokens += n_padding;
     const double share = static_cast<double>(n_prompt_tokens) / static_cast<double>(n_prompt_tokens + n_gen_tokens);
     stats_.t_prompt_ms += dt * share;
     stats_.t_gen_ms += dt * (1.0 - share);
+    if (n_padding > 0) {
+        // Padding leaves nothing behind, whether the call worked or not.
+        for (Slot * s : group) {
+            if (s->pad) {
+                llama_memory_seq_rm(mem_, s->seq, s->n_past, -1);
+            }
+        }
+        group.erase(std::remove_if(group.begin(), group.end(),
+                                   [](Slot * s) {
+                                       const bool pad = s->pad;
+                                       s->pad = false;
+                                       return pad;
+                                   }),
+                    group.end());
+    }
 
     if (rc == 0) {
         const auto t_sample = Clock::now();
@@ -391,11 +477,12 @@ void Scheduler::decode_group(std::vector<Slot *> group) {
     }
 
     // Failed: drop whatever part of this batch reached the KV cache, so every slot is
-    // back exactly where it was before the call (positions stay consistent).
+    // back exactly where it was before the call (positions stay consistent). The halves
+    // below are retried without padding.
     for (Slot * s : group) {
         llama_memory_seq_rm(mem_, s->seq, s->n_past, -1);
     }
-    if (rc == 2) {
+    if (rc == 2 || group.empty()) {
         return;  // aborted on purpose (closing): every slot is intact, the caller decides
     }
     if (rc == 1) {
@@ -420,6 +507,7 @@ void Scheduler::decode_group(std::vector<Slot *> group) {
 }
 
 void Scheduler::sample(const std::vector<Slot *> & slots) {
+    const auto t0 = Clock::now();
     std::vector<llama_token> tokens(slots.size(), LLAMA_TOKEN_NULL);
     std::vector<float> logprobs(slots.size(), 0.0f);
     std::vector<const float *> logits(slots.size(), nullptr);
@@ -460,6 +548,7 @@ void Scheduler::sample(const std::vector<Slot *> & slots) {
             }
         }
     }
+    stats_.t_sample_ms += ms_since(t0);
     for (size_t i = 0; i < slots.size(); ++i) {
         accept_token(*slots[i], tokens[i], logprobs[i]);
     }

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -57,13 +58,24 @@ public:
     // `share_prefixes`, a prompt that starts like another one copies that common prefix
     // from the other's KV cache rather than decoding it again (models whose memory cannot
     // be copied by position, recurrent, hybrid or sliding-window, decode everything).
+    // `kv_unified` says the context has one KV buffer for all sequences; without it, and
+    // with the model on a GPU, steps are shaped so that llama.cpp runs them in few forward
+    // passes (scheduler.cpp says how).
     Scheduler(const Model & model, llama_context * ctx, llama_batch & batch, int32_t n_parallel,
               int32_t n_batch, int32_t n_ctx_seq, Stats & stats, TaskPool * pool = nullptr,
-              std::vector<AttachedSampler> * attached = nullptr, bool share_prefixes = false);
+              std::vector<AttachedSampler> * attached = nullptr, bool share_prefixes = false,
+              bool kv_unified = false);
     // Cancels whatever is still queued or running, so the context is left clean.
     ~Scheduler();
     Scheduler(const Scheduler &) = delete;
     Scheduler & operator=(const Scheduler &) = delete;
+
+    // For streaming (the Engine): on a GPU, decoding slots let new prompts go first at most
+    // kStreamingDecodeWaits steps in a row, so a running sequence still gets a token at
+    // least every kStreamingDecodeWaits + 1 steps. Without it (generate_parallel, where only
+    // the total time counts) prompts go first for as long as they fill a batch.
+    static constexpr int32_t kStreamingDecodeWaits = 3;
+    void limit_decode_waits() { max_decode_waits_ = kStreamingDecodeWaits; }
 
     void enqueue(Request request);
     bool idle() const;
@@ -104,6 +116,10 @@ private:
     std::vector<std::unique_ptr<Slot>> slots_;
     std::deque<Request> queue_;
     size_t prefill_rotation_ = 0;  // which slot's prompt goes first, for fairness
+    size_t max_padded_gap_;        // longest run of idle slots between decoding ones to pad
+    bool prompts_first_;           // waiting prompts may take a whole batch (GPU)
+    int32_t max_decode_waits_ = std::numeric_limits<int32_t>::max();
+    int32_t decode_waits_ = 0;     // steps in a row the decoding slots have waited
 };
 
 }  // namespace fastpar

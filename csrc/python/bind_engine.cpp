@@ -27,6 +27,7 @@ void register_engine(py::module_ & m) {
         .def_readonly("n_prompt_tokens_shared", &EngineStats::n_prompt_tokens_shared)
         .def_readonly("n_gen_tokens", &EngineStats::n_gen_tokens)
         .def_readonly("n_decode_calls", &EngineStats::n_decode_calls)
+        .def_readonly("n_padding_tokens", &EngineStats::n_padding_tokens)
         .def_readonly("uptime_s", &EngineStats::uptime_s)
         .def_readonly("busy_s", &EngineStats::busy_s)
         .def_property_readonly("gen_tokens_per_s", &EngineStats::gen_tokens_per_s);

@@ -130,6 +130,8 @@ void register_generate(py::module_ & m) {
         .def_readonly("n_decode_calls", &Stats::n_decode_calls)
         .def_readonly("n_kv_full_retries", &Stats::n_kv_full_retries)
         .def_readonly("n_device_sampled", &Stats::n_device_sampled)
+        .def_readonly("t_sample_ms", &Stats::t_sample_ms)
+        .def_readonly("n_padding_tokens", &Stats::n_padding_tokens)
         .def_property_readonly("backend", [](const Stats &) { return std::string(backend_name()); })
         .def_property_readonly("prompt_tokens_per_s", &Stats::prompt_tokens_per_s)
         .def_property_readonly("gen_tokens_per_s", &Stats::gen_tokens_per_s)

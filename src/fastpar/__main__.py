@@ -44,6 +44,7 @@ def _demo(args: argparse.Namespace) -> int:
     print(f"  wall              {'':8s}   {s.t_wall_ms:9.1f} ms   {s.total_tokens_per_s:8.1f} tok/s in all")
     print(f"  prompt tokens copied from a shared prefix instead of decoded: {s.n_prompt_tokens_shared}")
     print(f"  decode calls {s.n_decode_calls}, KV-full retries {s.n_kv_full_retries}, failed prompts {s.n_failed}")
+    print(f"  choosing tokens {s.t_sample_ms:.1f} ms of the generation time, padding tokens {s.n_padding_tokens}")
     print(f"  backend {s.backend}, {s.n_device_sampled} tokens sampled on the device")
     return 0 if s.n_failed == 0 else 1
 
