@@ -37,8 +37,8 @@ def test_model_on_the_cpu_samples_on_the_host(model):
 
 @pytest.mark.skipif(not ON_GPU, reason="needs the model on a GPU (FASTPAR_TEST_N_GPU_LAYERS=-1, CUDA build)")
 def test_device_sampling_picks_what_host_sampling_picks(model):
-    on_device = fastpar.Context(model, n_parallel=8, n_ctx_per_seq=128)
-    on_host = fastpar.Context(model, n_parallel=8, n_ctx_per_seq=128, device_sampling=False)
+    on_device = fastpar.Context(model, n_parallel=8, n_ctx_per_seq=128, device_sampling=True)
+    on_host = fastpar.Context(model, n_parallel=8, n_ctx_per_seq=128)
     assert on_device.device_sampling is True and on_host.device_sampling is False
     a = fastpar.generate_parallel(on_device, PROMPTS, max_tokens=24, temperature=0.0)
     b = fastpar.generate_parallel(on_host, PROMPTS, max_tokens=24, temperature=0.0)
@@ -54,7 +54,7 @@ def test_device_sampling_picks_what_host_sampling_picks(model):
 
 @pytest.mark.skipif(not ON_GPU, reason="needs the model on a GPU (FASTPAR_TEST_N_GPU_LAYERS=-1, CUDA build)")
 def test_device_sampled_runs_repeat_and_follow_the_seed(model):
-    ctx = fastpar.Context(model, n_parallel=8, n_ctx_per_seq=128)
+    ctx = fastpar.Context(model, n_parallel=8, n_ctx_per_seq=128, device_sampling=True)
     opts = dict(max_tokens=24, temperature=0.8, top_k=40, top_p=0.95, seed=7, ignore_eos=True)
     a = fastpar.generate_parallel(ctx, PROMPTS, **opts)
     b = fastpar.generate_parallel(ctx, PROMPTS, **opts)

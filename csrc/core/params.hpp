@@ -14,8 +14,10 @@ struct ModelParams {
     bool use_mmap = true;      // map the GGUF file instead of reading it into memory
 };
 
-// Up to this many slots, device_sampling=-1 samples on the GPU.
-constexpr int32_t kAutoDeviceSamplingSlots = 8;
+// Up to this many slots, device_sampling=-1 samples on the GPU: none, since host sampling
+// (vectorised, many rows at once) beat llama.cpp's per-sequence GPU samplers at every
+// level from 1 to 256 slots (bench/README.md, "On a GPU").
+constexpr int32_t kAutoDeviceSamplingSlots = 0;
 
 struct ContextParams {
     int32_t n_parallel = 8;        // slots: prompts decoded together (seq_id 0..n_parallel-1), 1..256

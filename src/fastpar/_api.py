@@ -102,8 +102,8 @@ class Context:
     ``device_sampling`` matters only when the whole model is on a GPU: ``True`` runs each
     sequence's sampler chain inside llama.cpp's graph on the GPU and copies back only the
     chosen token; ``False`` copies the logits back and samples on the host, many
-    sequences at once; ``None`` (default) picks the GPU up to 8 slots and the host above,
-    the faster of the two in bench/README.md's GPU measurements.
+    sequences at once; ``None`` (default) is auto: the host, the faster of the two at
+    every number of slots in bench/README.md's GPU measurements.
     ``share_prefixes`` (default ``True``): prompts that begin with the same 16 tokens or
     more decode that common prefix once; the other slots copy it from the first one's KV
     cache (``n_prompt_tokens_shared`` in the completions and statistics counts them).
