@@ -83,6 +83,7 @@ def test_stats_equal_sums_over_completions(model):
     assert s.n_failed == 0 and s.n_kv_full_retries == 0
     assert s.n_decode_calls >= 20  # at least one call per generated position
     assert s.t_prompt_ms > 0 and s.t_gen_ms > 0 and s.t_wall_ms >= s.t_prompt_ms + s.t_gen_ms
+    assert 0 < s.t_sample_ms < s.t_gen_ms  # choosing tokens is part of the generation time
     assert s.gen_tokens_per_s == pytest.approx(s.n_gen_tokens / (s.t_gen_ms / 1000))
     assert s.prompt_tokens_per_s > 0 and s.total_tokens_per_s > 0
 

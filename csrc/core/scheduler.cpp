@@ -431,7 +431,7 @@ void Scheduler::decode_group(std::vector<Slot *> group) {
     }
 
     const auto t0 = Clock::now();
-    int32_t rc = llama_decode(ctx_, batch_);
+    const int32_t rc = llama_decode(ctx_, batch_);
     if (rc == 0) {
         llama_synchronize(ctx_);  // a GPU computes after llama_decode returns: count it here
     }
