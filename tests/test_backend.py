@@ -1,7 +1,8 @@
 """Which backend runs, where tokens are sampled, and log-probabilities.
 
-With FASTPAR_TEST_N_GPU_LAYERS=-1 (a CUDA build) the model is wholly on the GPU: tokens
-are then sampled there by default, inside llama.cpp's graph.
+With FASTPAR_TEST_N_GPU_LAYERS=-1 (a CUDA build) the model is wholly on the GPU: rows of
+logits are then cut down there by default (device sampling), inside llama.cpp's graph.
+device_sampling=True does the same on the CPU, which lets these tests check it anywhere.
 """
 
 from __future__ import annotations
@@ -35,24 +36,53 @@ def test_model_on_the_cpu_samples_on_the_host(model):
     assert ctx.last_stats.n_device_sampled == 0
 
 
-@pytest.mark.skipif(not ON_GPU, reason="needs the model on a GPU (FASTPAR_TEST_N_GPU_LAYERS=-1, CUDA build)")
-def test_device_sampling_picks_what_host_sampling_picks(model):
+@pytest.mark.parametrize("opts", [dict(temperature=0.0), dict(temperature=0.8, top_k=40, top_p=0.95, seed=5),
+                                  dict(temperature=1.2, top_k=64, top_p=1.0, min_p=0.1, seed=9)],
+                         ids=["greedy", "typical", "top-k-64"])
+def test_device_sampling_picks_what_host_sampling_picks(model, opts):
+    # Device sampling cuts each row of logits down to its best blocks inside llama.cpp's
+    # graph (on the CPU in a CPU build); the chain then runs on those candidates. With the
+    # same batches (same logits) it must pick exactly the tokens the whole rows give.
     on_device = fastpar.Context(model, n_parallel=8, n_ctx_per_seq=128, device_sampling=True)
-    on_host = fastpar.Context(model, n_parallel=8, n_ctx_per_seq=128)
+    on_host = fastpar.Context(model, n_parallel=8, n_ctx_per_seq=128, device_sampling=False)
     assert on_device.device_sampling is True and on_host.device_sampling is False
-    a = fastpar.generate_parallel(on_device, PROMPTS, max_tokens=24, temperature=0.0)
-    b = fastpar.generate_parallel(on_host, PROMPTS, max_tokens=24, temperature=0.0)
-    # Same batch shapes, same logits: the GPU's argmax and the host's agree.
+    a = fastpar.generate_parallel(on_device, PROMPTS, max_tokens=24, ignore_eos=True, **opts)
+    b = fastpar.generate_parallel(on_host, PROMPTS, max_tokens=24, ignore_eos=True, **opts)
     assert [c.token_ids for c in a] == [c.token_ids for c in b]
-    assert on_device.last_stats.n_device_sampled == on_device.last_stats.n_gen_tokens > 0
+    assert on_device.last_stats.n_device_sampled == on_device.last_stats.n_gen_tokens == 8 * 24
     assert on_host.last_stats.n_device_sampled == 0
-    # A second call reuses the attached samplers (and the slots are clean).
-    again = fastpar.generate_parallel(on_device, PROMPTS, max_tokens=24, temperature=0.0)
+    # A second call reuses the attached reducers (and the slots are clean).
+    again = fastpar.generate_parallel(on_device, PROMPTS, max_tokens=24, ignore_eos=True, **opts)
     assert [c.token_ids for c in again] == [c.token_ids for c in a]
     assert_clean(on_device)
 
 
+def test_device_sampling_gives_whole_rows_to_chains_that_need_them(model):
+    # Penalties, logprobs and top-k beyond the candidates need whole rows of logits: those
+    # requests detach the slot's reducer, and later requests attach it again, in one engine.
+    kinds = [dict(temperature=0.0), dict(temperature=0.0, logprobs=True), dict(temperature=0.0, repeat_penalty=1.3),
+             dict(temperature=0.7, top_k=0, top_p=0.9, min_p=0.0, seed=4), dict(temperature=0.7, top_k=200, seed=4),
+             dict(temperature=0.7, top_k=20, seed=4)]
+    requests = [(PROMPTS[i % len(PROMPTS)], kinds[i % len(kinds)]) for i in range(18)]
+    answers = {}
+    for device in (True, False):
+        with fastpar.Engine(model, n_parallel=4, n_ctx_per_seq=128, device_sampling=device) as engine:
+            futures = [engine.submit(p, max_tokens=12, ignore_eos=True, **k) for p, k in requests]
+            answers[device] = [f.result() for f in futures]
+    for on_device, on_host, (_, k) in zip(answers[True], answers[False], requests):
+        assert on_device.finish_reason == on_host.finish_reason == "length"
+        assert len(on_device.logprobs) == (12 if k.get("logprobs") else 0)
+        if not ON_GPU:
+            # Continuous batching: batch-mates differ between the two runs, which on the CPU
+            # leaves the logits (and so the tokens) as they are.
+            assert on_device.token_ids == on_host.token_ids, k
+
+
 @pytest.mark.skipif(not ON_GPU, reason="needs the model on a GPU (FASTPAR_TEST_N_GPU_LAYERS=-1, CUDA build)")
+def test_device_sampling_is_the_default_on_a_gpu(model):
+    assert fastpar.Context(model, n_parallel=8, n_ctx_per_seq=128).device_sampling is True
+
+
 def test_device_sampled_runs_repeat_and_follow_the_seed(model):
     ctx = fastpar.Context(model, n_parallel=8, n_ctx_per_seq=128, device_sampling=True)
     opts = dict(max_tokens=24, temperature=0.8, top_k=40, top_p=0.95, seed=7, ignore_eos=True)

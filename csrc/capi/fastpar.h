@@ -59,7 +59,8 @@ typedef struct fastpar_context_params {
     int32_t n_batch;       /* most tokens per llama_decode call, >= n_parallel */
     int32_t n_threads;     /* 0 = one per hardware thread */
     bool kv_unified;
-    int32_t device_sampling; /* whole model on a GPU: 1 sample there, 0 on the host, -1 auto */
+    int32_t device_sampling; /* 1 cut logits down to candidates in the graph, 0 whole rows to the
+                                host, -1 auto (1 with the output layer on a GPU and >= 8 slots) */
     bool share_prefixes;     /* decode a prefix common to several prompts once */
 } fastpar_context_params;
 
@@ -106,7 +107,7 @@ typedef struct fastpar_stats {
     double total_tokens_per_s;
     int64_t n_decode_calls;
     int64_t n_kv_full_retries;
-    int64_t n_device_sampled; /* tokens sampled by llama.cpp on the GPU */
+    int64_t n_device_sampled; /* tokens chosen from candidates cut down on the device */
     double t_sample_ms;       /* part of t_gen_ms spent choosing tokens from the logits */
     int64_t n_padding_tokens; /* throw-away tokens that kept a step in one forward pass (GPU) */
 } fastpar_stats;

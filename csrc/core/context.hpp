@@ -51,8 +51,9 @@ public:
     // Positions one sequence may really use (n_ctx_per_seq, or less if llama.cpp gave less).
     int32_t n_ctx_per_seq() const { return n_ctx_seq_; }
     int32_t n_threads() const { return n_threads_; }
-    // Whether tokens are sampled on the GPU: device_sampling asks for it (or, auto, there
-    // are few slots) and the model's output layer runs there.
+    // Whether rows of logits are cut down on the device (LogitReducer): device_sampling
+    // asks for it (or, auto, the output layer runs on a GPU) and the vocabulary splits
+    // into blocks.
     bool device_sampling() const;
     const std::shared_ptr<const Model> & model() const { return model_; }
 
@@ -68,9 +69,9 @@ private:
     Stats last_stats_;
     std::atomic<bool> abort_{false};
     std::unique_ptr<TaskPool> pool_;
-    // Sampler chains attached to ctx_ (device sampling), one per slot, kept across calls;
+    // Device sampling's reducer and which slots have it attached, kept across calls;
     // ~Context detaches them before it frees ctx_.
-    std::vector<AttachedSampler> attached_;
+    DeviceSampling device_;
 };
 
 }  // namespace fastpar

@@ -14,10 +14,11 @@ struct ModelParams {
     bool use_mmap = true;      // map the GGUF file instead of reading it into memory
 };
 
-// Up to this many slots, device_sampling=-1 samples on the GPU: none, since host sampling
-// (vectorised, many rows at once) beat llama.cpp's per-sequence GPU samplers at every
-// level from 1 to 256 slots (bench/README.md, "On a GPU").
-constexpr int32_t kAutoDeviceSamplingSlots = 0;
+// device_sampling=-1 (auto) cuts rows of logits down on the device when the model's output
+// layer runs on a GPU and the context has at least this many slots. Measured on an H100
+// (bench/README.md, "Device sampling"): faster than host sampling at 8 slots and above,
+// slower with 1 slot (a step's fixed cost, with one row to copy either way).
+constexpr int32_t kAutoDeviceSamplingSlots = 8;
 
 struct ContextParams {
     int32_t n_parallel = 8;        // slots: prompts decoded together (seq_id 0..n_parallel-1), 1..256
@@ -25,10 +26,12 @@ struct ContextParams {
     int32_t n_batch = 512;         // most tokens in one llama_decode call; >= n_parallel
     int32_t n_threads = 0;         // CPU threads; 0 = one per hardware thread
     bool kv_unified = false;       // one KV buffer for all slots (helps shared prefixes, slower otherwise)
-    // With the whole model on a GPU: 1 = sample inside llama.cpp's graph on the GPU (only
-    // the token comes back), 0 = copy the logits back and sample on the host, many
-    // sequences at once; -1 = auto: the GPU up to kAutoDeviceSamplingSlots slots, the host
-    // above (measured faster there: bench/README.md).
+    // 1 = cut every row of logits down to its best candidates inside llama.cpp's graph, on
+    // the device that runs the output layer, and finish each chain on the host from those
+    // (logit_reducer.hpp); 0 = copy whole rows back and sample on the host, many sequences
+    // at once; -1 = auto: 1 with the output layer on a GPU and at least
+    // kAutoDeviceSamplingSlots slots, else 0. Requests whose chain needs whole rows
+    // (LogitReducer::serves) get them either way.
     int32_t device_sampling = -1;
     // Prompts that start with the same tokens (at least kMinSharedPrefix of them) decode
     // that prefix once: the other slots copy it from the first one's KV cache.
@@ -105,7 +108,7 @@ struct Stats {
     double t_wall_ms = 0;         // wall time of the whole call
     int64_t n_decode_calls = 0;   // llama_decode calls, retries included
     int64_t n_kv_full_retries = 0;  // llama_decode returned 1 (no KV room) and the batch was split
-    int64_t n_device_sampled = 0;   // tokens sampled by llama.cpp on the GPU, inside the graph
+    int64_t n_device_sampled = 0;   // tokens chosen from candidates cut down on the device
     double t_sample_ms = 0;         // part of t_gen_ms spent choosing tokens from the logits
     int64_t n_padding_tokens = 0;   // throw-away tokens that kept a step in one forward pass (GPU)
 

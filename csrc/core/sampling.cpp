@@ -24,12 +24,11 @@ uint32_t resolve_seed(const GenerateParams & params) {
     return rd();
 }
 
-namespace {
-
-// Whether make_sampler puts a penalties sampler first (it needs the token history).
 bool has_penalties(const GenerateParams & p) {
     return p.repeat_penalty != 1.0f || p.frequency_penalty != 0.0f || p.presence_penalty != 0.0f;
 }
+
+namespace {
 
 // A row of logits is scanned in blocks whose largest value is found with vector max
 // instructions (four lanes, four accumulators); only the blocks that can matter are then
@@ -102,16 +101,24 @@ llama_token argmax(const float * logits, int32_t n_vocab) {
     return t_best;
 }
 
-}  // namespace
-
-bool same_sampler(const GenerateParams & a, uint32_t seed_a, const GenerateParams & b, uint32_t seed_b) {
-    const bool greedy = a.temperature <= 0.0f;
-    return greedy == (b.temperature <= 0.0f) && a.repeat_penalty == b.repeat_penalty &&
-           a.frequency_penalty == b.frequency_penalty && a.presence_penalty == b.presence_penalty &&
-           a.repeat_last_n == b.repeat_last_n &&
-           (greedy || (a.temperature == b.temperature && a.top_k == b.top_k && a.top_p == b.top_p &&
-                       a.min_p == b.min_p && seed_a == seed_b));
+// The order the greedy and top-k samplers rank tokens in: larger logit first, then lower id.
+bool better(const llama_token_data & a, const llama_token_data & b) {
+    return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
 }
+
+// Runs the chain over candidates `cur` (best first when `sorted`), accepts and returns its choice.
+llama_token apply_chain(llama_sampler * chain, std::vector<llama_token_data> & cur, bool sorted) {
+    llama_token_data_array cur_p = {cur.data(), cur.size(), -1, sorted};
+    llama_sampler_apply(chain, &cur_p);
+    if (cur_p.selected < 0 || cur_p.selected >= static_cast<int64_t>(cur_p.size)) {
+        throw Error("the sampler chain selected no token");
+    }
+    const llama_token token = cur_p.data[cur_p.selected].id;
+    llama_sampler_accept(chain, token);
+    return token;
+}
+
+}  // namespace
 
 llama_token sample_logits(llama_sampler * chain, const GenerateParams & p, const float * logits,
                           int32_t n_vocab, std::vector<llama_token_data> & cur) {
@@ -123,12 +130,10 @@ llama_token sample_logits(llama_sampler * chain, const GenerateParams & p, const
     }
     bool sorted = false;
     if (!penalties && p.top_k > 0 && p.top_k < n_vocab) {
-        // The k largest logits (a min-heap of k in one pass), best first: what the chain's
-        // top-k sampler would keep, so it and the rest of the chain see the same candidates.
+        // The k largest logits (a heap of k in one pass whose front is the worst kept),
+        // best first: what the chain's top-k sampler would keep, so it and the rest of the
+        // chain see the same candidates.
         const auto k = static_cast<size_t>(p.top_k);
-        const auto worse = [](const llama_token_data & a, const llama_token_data & b) {
-            return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
-        };
         cur.clear();
         for (llama_token b = 0; b < n_vocab; b += kTopKBlock) {
             const llama_token end = std::min(b + kTopKBlock, n_vocab);
@@ -139,15 +144,15 @@ llama_token sample_logits(llama_sampler * chain, const GenerateParams & p, const
             for (llama_token t = b; t < end; ++t) {
                 if (cur.size() < k) {
                     cur.push_back(llama_token_data{t, logits[t], 0.0f});
-                    std::push_heap(cur.begin(), cur.end(), worse);
+                    std::push_heap(cur.begin(), cur.end(), better);
                 } else if (logits[t] > cur.front().logit) {
-                    std::pop_heap(cur.begin(), cur.end(), worse);
+                    std::pop_heap(cur.begin(), cur.end(), better);
                     cur.back() = llama_token_data{t, logits[t], 0.0f};
-                    std::push_heap(cur.begin(), cur.end(), worse);
+                    std::push_heap(cur.begin(), cur.end(), better);
                 }
             }
         }
-        std::sort_heap(cur.begin(), cur.end(), worse);
+        std::sort_heap(cur.begin(), cur.end(), better);
         sorted = true;
     } else {
         cur.resize(static_cast<size_t>(n_vocab));
@@ -155,14 +160,23 @@ llama_token sample_logits(llama_sampler * chain, const GenerateParams & p, const
             cur[static_cast<size_t>(t)] = llama_token_data{t, logits[t], 0.0f};
         }
     }
-    llama_token_data_array cur_p = {cur.data(), cur.size(), -1, sorted};
-    llama_sampler_apply(chain, &cur_p);
-    if (cur_p.selected < 0 || cur_p.selected >= static_cast<int64_t>(cur_p.size)) {
-        throw Error("the sampler chain selected no token");
+    return apply_chain(chain, cur, sorted);
+}
+
+llama_token sample_candidates(llama_sampler * chain, const GenerateParams & p, std::vector<llama_token_data> & cur) {
+    if (cur.empty()) {
+        throw Error("no candidates to sample from");
     }
-    const llama_token token = cur_p.data[cur_p.selected].id;
-    llama_sampler_accept(chain, token);
-    return token;
+    if (p.temperature <= 0.0f) {
+        const llama_token best = std::min_element(cur.begin(), cur.end(), better)->id;
+        llama_sampler_accept(chain, best);
+        return best;
+    }
+    // What the chain's top-k sampler keeps, best first, as sample_logits hands it over.
+    const auto k = std::min(cur.size(), static_cast<size_t>(std::max(p.top_k, 1)));
+    std::partial_sort(cur.begin(), cur.begin() + static_cast<std::ptrdiff_t>(k), cur.end(), better);
+    cur.resize(k);
+    return apply_chain(chain, cur, true);
 }
 
 float token_logprob(const float * logits, int32_t n_vocab, llama_token token) {

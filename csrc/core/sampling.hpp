@@ -15,13 +15,12 @@ struct SamplerDeleter {
 };
 using SamplerPtr = std::unique_ptr<llama_sampler, SamplerDeleter>;
 
+// Whether make_sampler puts a penalties sampler first (it needs the token history).
+bool has_penalties(const GenerateParams & params);
+
 // penalties -> (greedy | top_k -> top_p -> min_p -> temperature -> dist(seed)).
 // `seed` is the resolved seed (never -1).
 SamplerPtr make_sampler(const GenerateParams & params, uint32_t seed, int32_t n_vocab);
-
-// True when make_sampler(a, seed_a) and make_sampler(b, seed_b) build the same chain, so
-// a chain built for one can be reset and reused for the other.
-bool same_sampler(const GenerateParams & a, uint32_t seed_a, const GenerateParams & b, uint32_t seed_b);
 
 // What llama_sampler_sample does on the host, from a row of logits the caller already
 // holds: applies the chain `params` built (make_sampler), accepts and returns the chosen
@@ -31,6 +30,13 @@ bool same_sampler(const GenerateParams & a, uint32_t seed_a, const GenerateParam
 // on different threads at once.
 llama_token sample_logits(llama_sampler * chain, const GenerateParams & params, const float * logits,
                           int32_t n_vocab, std::vector<llama_token_data> & cur);
+
+// sample_logits for a chain that starts from candidates rather than a whole row (device
+// sampling, logit_reducer.hpp): `cur` (unsorted; reordered and trimmed here) must hold
+// every token the chain's greedy or top-k step could keep. For a greedy or top-k chain
+// without penalties, the token sample_logits picks from the whole row.
+llama_token sample_candidates(llama_sampler * chain, const GenerateParams & params,
+                              std::vector<llama_token_data> & cur);
 
 // log softmax(logits)[token], over the whole vocabulary.
 float token_logprob(const float * logits, int32_t n_vocab, llama_token token);

@@ -64,9 +64,8 @@ struct Scheduler::Slot {
     size_t n_fed = 0;          // prompt tokens already in the KV cache
     llama_pos n_past = 0;      // positions of this sequence in the KV cache
     llama_token pending = -1;  // sampled token still to be fed
-    SamplerPtr host_sampler;   // this request's chain when it samples on the host
-    llama_sampler * sampler = nullptr;  // the chain in use: host_sampler, or the attached one
-    bool on_device = false;    // `sampler` is attached to the context: llama.cpp samples in the graph
+    SamplerPtr sampler;        // this request's chain (it always runs on the host)
+    bool on_device = false;    // its logits are cut down on the device (DeviceSampling)
     bool waiting = false;      // this step: leaves its prefix to a slot that decodes it first
     bool copied = false;       // this step: took its prefix from another slot's KV cache
     std::string bytes;         // generated text so far, raw bytes
@@ -83,16 +82,16 @@ struct Scheduler::Slot {
 
 Scheduler::Scheduler(const Model & model, llama_context * ctx, llama_batch & batch, int32_t n_parallel,
                      int32_t n_batch, int32_t n_ctx_seq, Stats & stats, TaskPool * pool,
-                     std::vector<AttachedSampler> * attached, bool share_prefixes, bool kv_unified)
+                     DeviceSampling * device, bool share_prefixes, bool kv_unified)
     : model_(model), ctx_(ctx), mem_(llama_get_memory(ctx)), batch_(batch), n_batch_(n_batch),
-      n_ctx_seq_(n_ctx_seq), stats_(stats), pool_(pool), attached_(attached),
+      n_ctx_seq_(n_ctx_seq), stats_(stats), pool_(pool), device_(device),
       share_prefixes_(share_prefixes && n_parallel > 1 && memory_copies_by_position(model.get())),
       max_padded_gap_(model.output_on_gpu() && !kv_unified && memory_copies_by_position(model.get())
                           ? kMaxPaddedGapGpu
                           : 0),
       prompts_first_(model.output_on_gpu() && !kv_unified) {
-    if (attached_ != nullptr && attached_->size() < static_cast<size_t>(n_parallel)) {
-        attached_->resize(static_cast<size_t>(n_parallel));
+    if (device_ != nullptr && device_->attached.size() < static_cast<size_t>(n_parallel)) {
+        throw Error("device sampling was set up for fewer slots than the scheduler has");
     }
     if (share_prefixes_) {
         common_.assign(static_cast<size_t>(n_parallel) * static_cast<size_t>(n_parallel), 0);
@@ -276,45 +275,20 @@ void Scheduler::share_prefixes() {
 }
 
 void Scheduler::choose_sampler(Slot & slot, const GenerateParams & params, uint32_t seed) {
-    slot.host_sampler.reset();
+    slot.sampler = make_sampler(params, seed, model_.n_vocab());
     slot.on_device = false;
-    if (attached_ == nullptr) {
-        slot.host_sampler = make_sampler(params, seed, model_.n_vocab());
-        slot.sampler = slot.host_sampler.get();
+    if (device_ == nullptr) {
         return;
     }
-    AttachedSampler & attached = (*attached_)[static_cast<size_t>(slot.seq)];
-    if (params.logprobs) {
-        // logprobs need the whole row of logits on the host: detach, sample there.
-        if (attached.chain) {
-            llama_set_sampler(ctx_, slot.seq, nullptr);
-            attached.chain.reset();
+    const bool reduce = LogitReducer::serves(params);
+    char & attached = device_->attached[static_cast<size_t>(slot.seq)];
+    if (reduce != static_cast<bool>(attached)) {
+        // Only when the kind of request changes: llama.cpp re-reserves its graph after it.
+        if (llama_set_sampler(ctx_, slot.seq, reduce ? device_->reducer->new_chain(slot.seq) : nullptr) || !reduce) {
+            attached = reduce ? 1 : 0;
         }
-        slot.host_sampler = make_sampler(params, seed, model_.n_vocab());
-        slot.sampler = slot.host_sampler.get();
-        return;
     }
-    if (attached.chain && same_sampler(attached.params, attached.seed, params, seed)) {
-        // The attached chain is the one this request needs: reset it (history, RNG to its
-        // seed) rather than attach a new one, which makes llama.cpp re-reserve its graph.
-        llama_sampler_reset(attached.chain.get());
-        slot.on_device = true;
-        slot.sampler = attached.chain.get();
-        return;
-    }
-    SamplerPtr chain = make_sampler(params, seed, model_.n_vocab());
-    // Attaching replaces (and detaches) the slot's previous chain, which is freed after.
-    if (llama_set_sampler(ctx_, slot.seq, chain.get())) {
-        attached.chain = std::move(chain);
-        attached.params = params;
-        attached.seed = seed;
-        slot.on_device = true;
-        slot.sampler = attached.chain.get();
-    } else {
-        attached.chain.reset();  // llama.cpp cannot run this chain in the graph: the host does
-        slot.host_sampler = std::move(chain);
-        slot.sampler = slot.host_sampler.get();
-    }
+    slot.on_device = reduce && attached;
 }
 
 void Scheduler::step() {
@@ -511,41 +485,42 @@ void Scheduler::sample(const std::vector<Slot *> & slots) {
     std::vector<llama_token> tokens(slots.size(), LLAMA_TOKEN_NULL);
     std::vector<float> logprobs(slots.size(), 0.0f);
     std::vector<const float *> logits(slots.size(), nullptr);
-    size_t n_host = 0;
+    std::vector<LogitReducer::Row> rows(slots.size());
+    // Where each slot's logits are: read on this thread (llama.cpp's accessors are not
+    // thread-safe), sampled below on the pool.
     for (size_t i = 0; i < slots.size(); ++i) {
         Slot & s = *slots[i];
-        if (s.on_device) {
-            // The token llama.cpp sampled in the graph (llama_sampler_sample returns it and
-            // advances the chain), or a host fallback where it sampled none.
-            tokens[i] = llama_sampler_sample(s.sampler, ctx_, s.i_logits);
+        if (s.on_device && device_->reducer->row(ctx_, s.i_logits, rows[i])) {
             ++stats_.n_device_sampled;
         } else {
+            // Host sampling, or a reducer llama.cpp did not run (it then copies whole rows).
             logits[i] = llama_get_logits_ith(ctx_, s.i_logits);
             if (logits[i] == nullptr) {
                 throw Error("llama.cpp returned no logits for a sequence that asked for them");
             }
-            ++n_host;
         }
     }
-    if (n_host > 0) {
-        // Each chain and row of logits is its own, so sequences sample in parallel and
-        // pick exactly the tokens they would pick one after another.
-        const int32_t n_vocab = model_.n_vocab();
-        const auto pick = [&](size_t i) {
-            if (logits[i] != nullptr) {
-                thread_local std::vector<llama_token_data> cur;
-                tokens[i] = sample_logits(slots[i]->sampler, *slots[i]->request.params, logits[i], n_vocab, cur);
-                if (slots[i]->request.params->logprobs) {
-                    logprobs[i] = token_logprob(logits[i], n_vocab, tokens[i]);
-                }
+    // Each chain and row is its own, so sequences sample in parallel and pick exactly the
+    // tokens they would pick one after another.
+    const int32_t n_vocab = model_.n_vocab();
+    const auto pick = [&](size_t i) {
+        thread_local std::vector<llama_token_data> cur;
+        const Slot & s = *slots[i];
+        if (logits[i] != nullptr) {
+            tokens[i] = sample_logits(s.sampler.get(), *s.request.params, logits[i], n_vocab, cur);
+            if (s.request.params->logprobs) {
+                logprobs[i] = token_logprob(logits[i], n_vocab, tokens[i]);
             }
-        };
-        if (pool_ != nullptr && n_host >= kMinPooledSamples) {
-            pool_->run(slots.size(), pick);
         } else {
-            for (size_t i = 0; i < slots.size(); ++i) {
-                pick(i);
-            }
+            device_->reducer->candidates(rows[i], cur);
+            tokens[i] = sample_candidates(s.sampler.get(), *s.request.params, cur);
+        }
+    };
+    if (pool_ != nullptr && slots.size() >= kMinPooledSamples) {
+        pool_->run(slots.size(), pick);
+    } else {
+        for (size_t i = 0; i < slots.size(); ++i) {
+            pick(i);
         }
     }
     stats_.t_sample_ms += ms_since(t0);
@@ -607,8 +582,7 @@ void Scheduler::emit_text(Slot & s, bool final) {
 
 void Scheduler::finish(Slot & s, FinishReason reason, const std::string & error) {
     llama_memory_seq_rm(mem_, s.seq, -1, -1);
-    s.host_sampler.reset();  // an attached chain stays, for the slot's next request to reuse
-    s.sampler = nullptr;
+    s.sampler.reset();  // an attached reducer chain stays, for the slot's next request
     s.on_device = false;
     s.active = false;
     s.prompt.clear();

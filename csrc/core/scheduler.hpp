@@ -16,6 +16,7 @@
 #include "core/model.hpp"
 #include "core/params.hpp"
 #include "core/pool.hpp"
+#include "core/logit_reducer.hpp"
 #include "core/sampling.hpp"
 #include "llama.h"
 
@@ -37,24 +38,22 @@ struct Request {
     Clock::time_point t_submit = Clock::now();
 };
 
-// A sampler chain attached to a llama_context for one sequence (llama_set_sampler), so
-// that llama.cpp samples inside its graph, on the GPU. It outlives a Scheduler: attaching
-// makes llama.cpp re-reserve its graph, so the context keeps the chain attached across
-// calls and reuses it whenever a request needs the same one. Free it only after the
-// context has been freed or the chain detached.
-struct AttachedSampler {
-    SamplerPtr chain;
-    GenerateParams params;
-    uint32_t seed = 0;
+// What a context keeps for device sampling (logit_reducer.hpp): the reducer, and which
+// slots have its chain attached (llama_set_sampler). Slots whose request needs the whole
+// row of logits detach it; attaching or detaching makes llama.cpp re-reserve its graph,
+// so a chain stays attached across requests and calls while they can use it.
+struct DeviceSampling {
+    std::unique_ptr<LogitReducer> reducer;
+    std::vector<char> attached;  // [seq]
 };
 
 class Scheduler {
 public:
     // `batch` must hold at least n_batch tokens; `n_ctx_seq` is what one sequence may use.
-    // `pool` (may be null) samples many sequences on the host at once. With `attached`
-    // (one entry per slot, kept by the context), each slot's sampler chain is attached to
-    // the context so that llama.cpp samples inside the graph, on the GPU, and only the
-    // chosen token comes back; a chain that cannot run there samples on the host. With
+    // `pool` (may be null) samples many sequences on the host at once. With `device` (kept
+    // by the context), rows of logits are cut down to their best candidates inside the
+    // graph and only those come back, for every request whose chain can start from them
+    // (LogitReducer::serves); the others get whole rows. With
     // `share_prefixes`, a prompt that starts like another one copies that common prefix
     // from the other's KV cache rather than decoding it again (models whose memory cannot
     // be copied by position, recurrent, hybrid or sliding-window, decode everything).
@@ -63,7 +62,7 @@ public:
     // passes (scheduler.cpp says how).
     Scheduler(const Model & model, llama_context * ctx, llama_batch & batch, int32_t n_parallel,
               int32_t n_batch, int32_t n_ctx_seq, Stats & stats, TaskPool * pool = nullptr,
-              std::vector<AttachedSampler> * attached = nullptr, bool share_prefixes = false,
+              DeviceSampling * device = nullptr, bool share_prefixes = false,
               bool kv_unified = false);
     // Cancels whatever is still queued or running, so the context is left clean.
     ~Scheduler();
@@ -110,7 +109,7 @@ private:
     int32_t n_ctx_seq_;
     Stats & stats_;
     TaskPool * pool_;
-    std::vector<AttachedSampler> * attached_;
+    DeviceSampling * device_;
     bool share_prefixes_;
     std::vector<size_t> common_;  // [a * n_parallel + b]: common leading prompt tokens of active slots a, b
     std::vector<std::unique_ptr<Slot>> slots_;

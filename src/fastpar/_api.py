@@ -99,11 +99,14 @@ class Context:
     ``n_parallel``) caps the tokens of one decode call; longer prompts are fed in chunks.
     ``n_threads=None`` uses one thread per hardware thread. Calls on one context from
     several threads take turns; separate contexts of one model run in parallel.
-    ``device_sampling`` matters only when the whole model is on a GPU: ``True`` runs each
-    sequence's sampler chain inside llama.cpp's graph on the GPU and copies back only the
-    chosen token; ``False`` copies the logits back and samples on the host, many
-    sequences at once; ``None`` (default) is auto: the host, the faster of the two at
-    every number of slots in bench/README.md's GPU measurements.
+    ``device_sampling``: ``True`` cuts every row of logits down to its best candidates
+    (64 blocks of up to 128 logits) inside llama.cpp's graph, on the device that runs the
+    output layer, and each sequence's chain picks from those on the host: the token the
+    whole row gives, for greedy and top-k (up to 64) chains without penalties; prompts
+    with ``logprobs``, penalties or other top-k get whole rows. ``False`` copies whole rows
+    back and samples on the host, many sequences at once. ``None`` (default) is auto:
+    ``True`` with the output layer on a GPU and at least 8 slots (faster there on an H100,
+    bench/README.md), else ``False``.
     ``share_prefixes`` (default ``True``): prompts that begin with the same 16 tokens or
     more decode that common prefix once; the other slots copy it from the first one's KV
     cache (``n_prompt_tokens_shared`` in the completions and statistics counts them).
@@ -139,7 +142,7 @@ class Context:
 
     @property
     def device_sampling(self) -> bool:
-        """Whether tokens are sampled on the GPU (asked for, and the model's output layer is there)."""
+        """Whether rows of logits are cut down on the device (``device_sampling`` above)."""
         return self._ctx.device_sampling
 
     @property

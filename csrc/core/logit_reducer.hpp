@@ -1,0 +1,91 @@
+// Device sampling: every row of logits is cut down to its best candidates inside
+// llama.cpp's graph, on the device that runs the output layer, for all rows at once; only
+// those candidates come back, and the rest of each sequence's chain runs on the host.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/params.hpp"
+#include "core/sampling.hpp"
+#include "llama.h"
+
+namespace fastpar {
+
+// How it works. A row of n_vocab logits is split into blocks of `block` logits (a power of
+// two up to 128 that divides n_vocab). In the graph, for every row at once: the largest
+// logit of each block (one pooling op), the kTopBlocks blocks with the largest maxima (one
+// top-k op over n_vocab / block values a row) and those blocks' logits (one gather). The k
+// best logits of a row, for any k <= kTopBlocks, all lie in those blocks: a block holding
+// one of them has a maximum at least as large as the k-th best, and a block holding none
+// has a smaller one. So greedy and top-k chains pick from the candidates exactly what they
+// would pick from the whole row (up to exact ties at the k-th place), and a step copies
+// kTopBlocks * block logits a row back instead of n_vocab (8,192 of 151,936 for Qwen3).
+//
+// llama.cpp asks each sequence's sampler for its part of the graph in turn; the first one
+// asked builds the three ops over the whole logits tensor, and each returns views of its
+// own row. One sampler chain per slot is attached (llama_set_sampler) and never changes,
+// whatever the requests' settings, so llama.cpp reserves its graph once.
+class LogitReducer {
+public:
+    // The most top-k a chain may ask for and still start from the candidates.
+    static constexpr int32_t kTopBlocks = 64;
+
+    // The block width for a vocabulary: the largest power of two up to 128 that divides
+    // n_vocab into more than kTopBlocks blocks; 0 when there is none (no reduction).
+    static int32_t block_for(int32_t n_vocab);
+    // Whether the chain make_sampler builds for `params` can start from the candidates:
+    // greedy or top-k (1..kTopBlocks), no penalties (they change logits outside the
+    // candidates), and no logprobs (they need the whole row).
+    static bool serves(const GenerateParams & params);
+
+    // n_vocab must have a block (block_for > 0); n_seq is the number of slots.
+    LogitReducer(int32_t n_vocab, int32_t n_seq);
+    ~LogitReducer();
+    LogitReducer(const LogitReducer &) = delete;
+    LogitReducer & operator=(const LogitReducer &) = delete;
+
+    // A chain to attach to sequence `seq` (llama_set_sampler). llama.cpp initialises a
+    // chain when it is attached and only once, so each attach takes a new one; it replaces
+    // (frees) the previous chain for `seq`, which must have been detached, and llama.cpp
+    // drops every graph that used it before its next decode. Free the reducer only after
+    // the context has been freed or the chains detached.
+    llama_sampler * new_chain(int32_t seq);
+
+    // The candidates llama.cpp copied back for batch index `i` after the last decode, as
+    // pointers into its output buffer: `blocks` (kTopBlocks block indices) and `logits`
+    // (block logits for each of them, in that order). False if it has none for `i` (the
+    // reducer did not run: llama.cpp then copied the whole row). Not thread-safe (it goes
+    // through llama_context); read them on the decoding thread.
+    struct Row {
+        const llama_token * blocks = nullptr;
+        const float * logits = nullptr;
+    };
+    bool row(llama_context * ctx, int32_t i, Row & out) const;
+
+    // Turns a Row into candidates (token id, logit) in `cur`; safe on any thread.
+    void candidates(const Row & row, std::vector<llama_token_data> & cur) const;
+
+    int32_t block() const { return block_; }
+
+private:
+    struct Part;  // what each sequence's sampler points to
+
+    static void backend_apply(llama_sampler * smpl, ggml_context * ctx, ggml_cgraph * gf,
+                              llama_sampler_data * data);
+    static void backend_reset(llama_sampler * smpl);
+    void build(ggml_context * ctx, ggml_tensor * logits);
+
+    int32_t n_vocab_;
+    int32_t block_;
+    // The ops of the graph being built (reset before every build).
+    ggml_tensor * src_ = nullptr;     // the logits tensor they were built for
+    ggml_tensor * blocks_ = nullptr;  // I32 [kTopBlocks, rows]
+    ggml_tensor * values_ = nullptr;  // F32 [block, kTopBlocks, rows]
+    int32_t top_ = 0;                 // blocks kept a row (kTopBlocks, or fewer for a short row)
+    int32_t width_ = 0;               // block width used in that graph
+    std::vector<Part> parts_;
+    std::vector<SamplerPtr> chains_;  // [seq]: the last one made
+};
+
+}  // namespace fastpar
