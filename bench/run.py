@@ -56,8 +56,8 @@ STAGES = {
     4: "llama-server -np N, N clients",
     5: "llama-cpp-python, one at a time",
     6: "transformers generate, bf16",
-    7: "fastpar generate_parallel, sampling on the host",
-    8: "fastpar generate_parallel, sampling on the GPU",
+    7: "fastpar generate_parallel, whole rows sampled on the host",
+    8: "fastpar generate_parallel, device sampling (rows cut down on the GPU)",
 }
 # Every level a workload defines (the plots' x-axes); --parallel and --prompt-tokens narrow
 # what one run measures.
@@ -127,9 +127,11 @@ def make_prompts(model: fastpar.Model, n: int, n_tokens: int, shared_prefix: int
 
 # ----------------------------------------------------------------------------- builds
 
-def build_baselines() -> dict:
+def build_baselines(server: bool) -> dict:
+    """llama.cpp's tools (llama-server only when `server`) and libfastpar, built from the same source."""
     where = Target.baselines
-    tools = {name: where / "bin" / name for name in ("llama-batched-bench", "llama-server", "llama-quantize")}
+    names = ("llama-batched-bench", "llama-quantize") + (("llama-server",) if server else ())
+    tools = {name: where / "bin" / name for name in names}
     if not all(p.exists() for p in tools.values()) or not (where / "libfastpar.so").exists():
         extra = []
         if Target.gpu:
@@ -458,8 +460,8 @@ def main() -> int:
                              "(default 1,8,32,128,256)")
     parser.add_argument("--prompt-tokens", default=None, help="W2's prompt lengths (default 32,128)")
     parser.add_argument("--samplers", default="greedy,typical")
-    parser.add_argument("--stages", default=None, help="default 0,1,2,3,4,5; with --gpu 0,1,3,4,6,7,8 (stage 2, "
-                        "the default sampling place, is 7: the host)")
+    parser.add_argument("--stages", default=None, help="default 0,1,2,3,4,5; with --gpu 0,1,3,4,6,7,8 (stage 2 "
+                        "with the default sampling place is 8 there: device sampling)")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--host-kind", default=f"{platform.machine()}-{os.cpu_count()}cpu")
@@ -486,7 +488,7 @@ def main() -> int:
     stages = [int(s) for s in args.stages.split(",")]
     samplers = args.samplers.split(",")
 
-    tools = build_baselines()
+    tools = build_baselines(server=4 in stages)
     sys.path.insert(0, str(HERE))
     from make_speed_model import build as build_speed_model
 
