@@ -139,31 +139,20 @@ void LogitReducer::backend_apply(llama_sampler * smpl, ggml_context * ctx, ggml_
                                 row * self.values_->nb[2]);
 }
 
-bool LogitReducer::row(llama_context * ctx, int32_t i, Row & out) const {
+bool LogitReducer::row(llama_context * ctx, int32_t i, LogitRow & out) const {
     // Both are set together, by backend_apply; a row without them was not reduced. (The
     // count accessors would tell too, but every accessor synchronises the context.)
-    out.logits = llama_get_sampled_logits_ith(ctx, i);
-    out.blocks = out.logits != nullptr ? llama_get_sampled_candidates_ith(ctx, i) : nullptr;
-    if (out.blocks == nullptr) {
+    const float * logits = llama_get_sampled_logits_ith(ctx, i);
+    const llama_token * blocks = logits != nullptr ? llama_get_sampled_candidates_ith(ctx, i) : nullptr;
+    if (blocks == nullptr) {
         return false;
     }
     const llama_token n_blocks = n_vocab_ / block_;
-    if (!std::all_of(out.blocks, out.blocks + kTopBlocks, [&](llama_token b) { return b >= 0 && b < n_blocks; })) {
+    if (!std::all_of(blocks, blocks + kTopBlocks, [&](llama_token b) { return b >= 0 && b < n_blocks; })) {
         throw Error("device sampling got a block index outside the vocabulary back from llama.cpp");
     }
+    out = LogitRow{logits, kTopBlocks * block_, blocks, block_};
     return true;
-}
-
-void LogitReducer::candidates(const Row & row, std::vector<llama_token_data> & cur) const {
-    cur.resize(static_cast<size_t>(kTopBlocks) * static_cast<size_t>(block_));
-    size_t j = 0;
-    for (int32_t b = 0; b < kTopBlocks; ++b) {
-        const llama_token first = row.blocks[b] * block_;
-        const float * x = row.logits + static_cast<size_t>(b) * static_cast<size_t>(block_);
-        for (int32_t t = 0; t < block_; ++t) {
-            cur[j++] = llama_token_data{first + t, x[t], 0.0f};
-        }
-    }
 }
 
 }  // namespace fastpar

@@ -53,18 +53,11 @@ public:
     llama_sampler * new_chain(int32_t seq);
 
     // The candidates llama.cpp copied back for batch index `i` after the last decode, as
-    // pointers into its output buffer: `blocks` (kTopBlocks block indices) and `logits`
-    // (block logits for each of them, in that order). False if it has none for `i` (the
-    // reducer did not run: llama.cpp then copied the whole row). Not thread-safe (it goes
-    // through llama_context); read them on the decoding thread.
-    struct Row {
-        const llama_token * blocks = nullptr;
-        const float * logits = nullptr;
-    };
-    bool row(llama_context * ctx, int32_t i, Row & out) const;
-
-    // Turns a Row into candidates (token id, logit) in `cur`; safe on any thread.
-    void candidates(const Row & row, std::vector<llama_token_data> & cur) const;
+    // a LogitRow pointing into its output buffer (kTopBlocks blocks of block() logits).
+    // False if it has none for `i` (the reducer did not run: llama.cpp then copied the
+    // whole row). Not thread-safe (it goes through llama_context); read rows on the
+    // decoding thread, sample from them anywhere.
+    bool row(llama_context * ctx, int32_t i, LogitRow & out) const;
 
     int32_t block() const { return block_; }
 

@@ -72,33 +72,44 @@ float max_of(const float * x, int32_t n) {
     return m;
 }
 
-// The greedy sampler's choice: the first of the largest logits.
-llama_token argmax(const float * logits, int32_t n_vocab) {
+// The greedy sampler's choice: the largest logit, the lowest token id among equals.
+llama_token argmax(const LogitRow & row) {
+    const float * x = row.logits;
     float best = -INFINITY;
     int32_t best_block = -1;
-    for (int32_t b = 0; b < n_vocab; b += kArgmaxBlock) {
-        const float m = max_of(logits + b, std::min(kArgmaxBlock, n_vocab - b));
+    for (int32_t b = 0; b < row.n; b += kArgmaxBlock) {
+        const float m = max_of(x + b, std::min(kArgmaxBlock, row.n - b));
         if (m > best) {
             best = m;
             best_block = b;
         }
     }
-    if (best_block >= 0) {
-        const int32_t end = std::min(best_block + kArgmaxBlock, n_vocab);
+    if (best_block >= 0 && row.blocks == nullptr) {
+        // Ids follow positions: the first one equal to the largest.
+        const int32_t end = std::min(best_block + kArgmaxBlock, row.n);
         for (int32_t t = best_block; t < end; ++t) {
-            if (logits[t] == best) {
+            if (x[t] == best) {
                 return t;
             }
         }
+    } else if (best_block >= 0) {
+        // Blocks come in no particular order: the lowest id of all equal to the largest.
+        llama_token t_best = -1;
+        for (int32_t j = best_block; j < row.n; ++j) {
+            if (x[j] == best && (t_best < 0 || row.id(j) < t_best)) {
+                t_best = row.id(j);
+            }
+        }
+        return t_best;
     }
     // Rows of -inf or NaN: one logit at a time, as the greedy sampler does.
-    llama_token t_best = 0;
-    for (llama_token t = 1; t < n_vocab; ++t) {
-        if (logits[t] > logits[t_best]) {
-            t_best = t;
+    int32_t j_best = 0;
+    for (int32_t j = 1; j < row.n; ++j) {
+        if (x[j] > x[j_best]) {
+            j_best = j;
         }
     }
-    return t_best;
+    return row.id(j_best);
 }
 
 // The order the greedy and top-k samplers rank tokens in: larger logit first, then lower id.
@@ -120,63 +131,51 @@ llama_token apply_chain(llama_sampler * chain, std::vector<llama_token_data> & c
 
 }  // namespace
 
-llama_token sample_logits(llama_sampler * chain, const GenerateParams & p, const float * logits,
-                          int32_t n_vocab, std::vector<llama_token_data> & cur) {
+llama_token sample_logits(llama_sampler * chain, const GenerateParams & p, const LogitRow & row,
+                          std::vector<llama_token_data> & cur) {
     const bool penalties = has_penalties(p);
+    const float * x = row.logits;
     if (!penalties && p.temperature <= 0.0f) {
-        const llama_token best = argmax(logits, n_vocab);
+        const llama_token best = argmax(row);
         llama_sampler_accept(chain, best);
         return best;
     }
     bool sorted = false;
-    if (!penalties && p.top_k > 0 && p.top_k < n_vocab) {
-        // The k largest logits (a heap of k in one pass whose front is the worst kept),
-        // best first: what the chain's top-k sampler would keep, so it and the rest of the
-        // chain see the same candidates.
+    if (!penalties && p.top_k > 0 && (p.top_k < row.n || row.blocks != nullptr)) {
+        // The k best logits (a heap of k in one pass whose front is the worst kept), best
+        // first: what the chain's top-k sampler would keep, so it and the rest of the chain
+        // see the same candidates.
         const auto k = static_cast<size_t>(p.top_k);
         cur.clear();
-        for (llama_token b = 0; b < n_vocab; b += kTopKBlock) {
-            const llama_token end = std::min(b + kTopKBlock, n_vocab);
-            // A block none of whose logits beats the k-th best so far changes nothing.
-            if (cur.size() == k && !(max_of(logits + b, end - b) > cur.front().logit)) {
+        for (int32_t b = 0; b < row.n; b += kTopKBlock) {
+            const int32_t end = std::min(b + kTopKBlock, row.n);
+            // A block whose largest logit is below the k-th best so far changes nothing.
+            if (cur.size() == k && max_of(x + b, end - b) < cur.front().logit) {
                 continue;
             }
-            for (llama_token t = b; t < end; ++t) {
+            for (int32_t j = b; j < end; ++j) {
+                const llama_token_data c{row.id(j), x[j], 0.0f};
                 if (cur.size() < k) {
-                    cur.push_back(llama_token_data{t, logits[t], 0.0f});
+                    cur.push_back(c);
                     std::push_heap(cur.begin(), cur.end(), better);
-                } else if (logits[t] > cur.front().logit) {
+                } else if (better(c, cur.front())) {
                     std::pop_heap(cur.begin(), cur.end(), better);
-                    cur.back() = llama_token_data{t, logits[t], 0.0f};
+                    cur.back() = c;
                     std::push_heap(cur.begin(), cur.end(), better);
                 }
             }
         }
         std::sort_heap(cur.begin(), cur.end(), better);
         sorted = true;
-    } else {
-        cur.resize(static_cast<size_t>(n_vocab));
-        for (llama_token t = 0; t < n_vocab; ++t) {
-            cur[static_cast<size_t>(t)] = llama_token_data{t, logits[t], 0.0f};
+    } else if (row.blocks == nullptr) {
+        cur.resize(static_cast<size_t>(row.n));
+        for (llama_token t = 0; t < row.n; ++t) {
+            cur[static_cast<size_t>(t)] = llama_token_data{t, x[t], 0.0f};
         }
+    } else {
+        throw Error("this sampler chain needs the whole row of logits, not the device's candidates");
     }
     return apply_chain(chain, cur, sorted);
-}
-
-llama_token sample_candidates(llama_sampler * chain, const GenerateParams & p, std::vector<llama_token_data> & cur) {
-    if (cur.empty()) {
-        throw Error("no candidates to sample from");
-    }
-    if (p.temperature <= 0.0f) {
-        const llama_token best = std::min_element(cur.begin(), cur.end(), better)->id;
-        llama_sampler_accept(chain, best);
-        return best;
-    }
-    // What the chain's top-k sampler keeps, best first, as sample_logits hands it over.
-    const auto k = std::min(cur.size(), static_cast<size_t>(std::max(p.top_k, 1)));
-    std::partial_sort(cur.begin(), cur.begin() + static_cast<std::ptrdiff_t>(k), cur.end(), better);
-    cur.resize(k);
-    return apply_chain(chain, cur, true);
 }
 
 float token_logprob(const float * logits, int32_t n_vocab, llama_token token) {

@@ -22,21 +22,28 @@ bool has_penalties(const GenerateParams & params);
 // `seed` is the resolved seed (never -1).
 SamplerPtr make_sampler(const GenerateParams & params, uint32_t seed, int32_t n_vocab);
 
+// A row of logits to sample from: the whole vocabulary (`blocks` null: logits[t] is token
+// t's), or the blocks device sampling kept (logit_reducer.hpp): n / width blocks, block b
+// holding the logits of tokens blocks[b] * width .. blocks[b] * width + width - 1.
+struct LogitRow {
+    const float * logits = nullptr;
+    int32_t n = 0;
+    const llama_token * blocks = nullptr;
+    int32_t width = 0;
+
+    llama_token id(int32_t j) const { return blocks == nullptr ? j : blocks[j / width] * width + j % width; }
+};
+
 // What llama_sampler_sample does on the host, from a row of logits the caller already
 // holds: applies the chain `params` built (make_sampler), accepts and returns the chosen
 // token. Two shortcuts skip building the whole candidate array: a greedy chain without
 // penalties is an argmax of the row, and a chain that starts with top-k (no penalties)
-// gets only the k best candidates, found in one pass. Safe to call for different chains
-// on different threads at once.
-llama_token sample_logits(llama_sampler * chain, const GenerateParams & params, const float * logits,
-                          int32_t n_vocab, std::vector<llama_token_data> & cur);
-
-// sample_logits for a chain that starts from candidates rather than a whole row (device
-// sampling, logit_reducer.hpp): `cur` (unsorted; reordered and trimmed here) must hold
-// every token the chain's greedy or top-k step could keep. For a greedy or top-k chain
-// without penalties, the token sample_logits picks from the whole row.
-llama_token sample_candidates(llama_sampler * chain, const GenerateParams & params,
-                              std::vector<llama_token_data> & cur);
+// gets only the k best candidates, found in one pass; ties go to the lower token id, as
+// in llama.cpp's samplers. A row of device-sampling blocks takes only those two kinds of
+// chain (LogitReducer::serves) and gives the token the whole row would. Safe to call for
+// different chains on different threads at once.
+llama_token sample_logits(llama_sampler * chain, const GenerateParams & params, const LogitRow & row,
+                          std::vector<llama_token_data> & cur);
 
 // log softmax(logits)[token], over the whole vocabulary.
 float token_logprob(const float * logits, int32_t n_vocab, llama_token token);

@@ -484,36 +484,30 @@ void Scheduler::sample(const std::vector<Slot *> & slots) {
     const auto t0 = Clock::now();
     std::vector<llama_token> tokens(slots.size(), LLAMA_TOKEN_NULL);
     std::vector<float> logprobs(slots.size(), 0.0f);
-    std::vector<const float *> logits(slots.size(), nullptr);
-    std::vector<LogitReducer::Row> rows(slots.size());
+    std::vector<LogitRow> rows(slots.size());
     // Where each slot's logits are: read on this thread (llama.cpp's accessors are not
     // thread-safe), sampled below on the pool.
+    const int32_t n_vocab = model_.n_vocab();
     for (size_t i = 0; i < slots.size(); ++i) {
         Slot & s = *slots[i];
         if (s.on_device && device_->reducer->row(ctx_, s.i_logits, rows[i])) {
             ++stats_.n_device_sampled;
         } else {
             // Host sampling, or a reducer llama.cpp did not run (it then copies whole rows).
-            logits[i] = llama_get_logits_ith(ctx_, s.i_logits);
-            if (logits[i] == nullptr) {
+            rows[i] = LogitRow{llama_get_logits_ith(ctx_, s.i_logits), n_vocab};
+            if (rows[i].logits == nullptr) {
                 throw Error("llama.cpp returned no logits for a sequence that asked for them");
             }
         }
     }
     // Each chain and row is its own, so sequences sample in parallel and pick exactly the
     // tokens they would pick one after another.
-    const int32_t n_vocab = model_.n_vocab();
     const auto pick = [&](size_t i) {
         thread_local std::vector<llama_token_data> cur;
-        const Slot & s = *slots[i];
-        if (logits[i] != nullptr) {
-            tokens[i] = sample_logits(s.sampler.get(), *s.request.params, logits[i], n_vocab, cur);
-            if (s.request.params->logprobs) {
-                logprobs[i] = token_logprob(logits[i], n_vocab, tokens[i]);
-            }
-        } else {
-            device_->reducer->candidates(rows[i], cur);
-            tokens[i] = sample_candidates(s.sampler.get(), *s.request.params, cur);
+        const GenerateParams & params = *slots[i]->request.params;
+        tokens[i] = sample_logits(slots[i]->sampler.get(), params, rows[i], cur);
+        if (params.logprobs) {  // never a device row (LogitReducer::serves)
+            logprobs[i] = token_logprob(rows[i].logits, n_vocab, tokens[i]);
         }
     };
     if (pool_ != nullptr && slots.size() >= kMinPooledSamples) {
