@@ -201,3 +201,32 @@ def test_asyncio_astream(engine):
     pieces = asyncio.run(main())
     (expected,) = [engine.generate("The three primary colors are", max_tokens=24, **GREEDY)]
     assert "".join(pieces) == expected.text and len(pieces) > 1
+
+
+POLL_WHILE_LISTENING = """
+import sys, fastpar
+model = fastpar.Model(sys.argv[1])
+calls = []
+with fastpar.Engine(model, n_parallel=4, n_ctx_per_seq=64) as engine:
+    for _ in range(60):
+        requests = [engine.submit("Hello there", max_tokens=3, temperature=0.0) for _ in range(4)]
+        for r in requests:
+            r._handle.set_listener(lambda: calls.append(1))
+        while not all(r._handle.done() for r in requests):  # the GIL held, polling
+            requests[0]._handle.take_pieces()
+print("ok", len(calls))
+"""
+
+
+def test_polling_a_request_while_its_listener_fires_does_not_deadlock():
+    # A listener wrapping a Python callable needs the GIL; the engine's thread once copied
+    # it while holding the request's lock, and a Python thread polling done() holds the
+    # GIL while it waits for that lock: both waited for ever (seen in an asyncio test).
+    # In a child process, so that a deadlock fails the test instead of hanging the run.
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", POLL_WHILE_LISTENING, fastpar.default_model_path()], capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.startswith("ok ")

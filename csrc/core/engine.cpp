@@ -52,12 +52,14 @@ std::vector<std::string> RequestHandle::take_pieces() {
 }
 
 void RequestHandle::set_listener(std::function<void()> listener) {
+    auto shared = std::make_shared<const std::function<void()>>(std::move(listener));
     bool already_done;
     {
         std::lock_guard<std::mutex> lock(mutex_);
-        listener_ = std::move(listener);
+        listener_.swap(shared);  // the previous one is destroyed below, outside the lock
         already_done = done_;
     }
+    shared.reset();
     if (already_done) {
         notify();
     }
@@ -83,14 +85,14 @@ void RequestHandle::complete(Completion && c) {
 }
 
 void RequestHandle::notify() {
-    std::function<void()> listener;
+    std::shared_ptr<const std::function<void()>> listener;
     {
         std::lock_guard<std::mutex> lock(mutex_);
         listener = listener_;
     }
-    if (listener) {
+    if (listener && *listener) {
         try {
-            listener();
+            (*listener)();
         } catch (...) {
             // A listener's failure (e.g. its event loop closed) must not stop the engine.
         }

@@ -85,7 +85,10 @@ private:
     std::deque<std::string> pieces_;
     bool done_ = false;
     Completion completion_;
-    std::function<void()> listener_;
+    // Shared, so that notify() copies a pointer under mutex_, never the function itself:
+    // copying or destroying a function that wraps a Python callable takes the GIL, and a
+    // thread holding the GIL may be waiting for mutex_ (done(), take_pieces()).
+    std::shared_ptr<const std::function<void()>> listener_;
 };
 
 class Engine {

@@ -35,7 +35,7 @@ void register_engine(py::module_ & m) {
     py::class_<RequestHandle, std::shared_ptr<RequestHandle>>(m, "RequestHandle", "One request of an Engine.")
         .def_property_readonly("id", &RequestHandle::id)
         .def("cancel", &RequestHandle::cancel)
-        .def("done", &RequestHandle::done)
+        .def("done", &RequestHandle::done, py::call_guard<py::gil_scoped_release>())
         .def("result", [](const RequestHandle & h, std::optional<double> timeout) {
                  py::gil_scoped_release nogil;
                  return h.result(timeout_arg(timeout));
@@ -44,7 +44,7 @@ void register_engine(py::module_ & m) {
                  py::gil_scoped_release nogil;
                  return h.next_piece(timeout_arg(timeout));
              }, py::arg("timeout") = py::none())
-        .def("take_pieces", &RequestHandle::take_pieces)
+        .def("take_pieces", &RequestHandle::take_pieces, py::call_guard<py::gil_scoped_release>())
         // pybind11's wrapper takes the GIL whenever the engine's thread calls the listener.
         .def("set_listener", &RequestHandle::set_listener, py::arg("listener"));
 
@@ -59,12 +59,19 @@ void register_engine(py::module_ & m) {
                  });
              }),
              py::arg("model"), py::arg("params"), py::arg("max_queued"))
+        // Everything that takes the engine's or a request's lock lets the GIL go first: the
+        // engine's thread may need the GIL (a listener) while it holds one of those locks.
         .def("submit", [](Engine & e, const PromptIn & prompt, const GenerateParams & params) {
-                 return e.submit(to_prompt(prompt), params);
+                 Prompt p = to_prompt(prompt);
+                 py::gil_scoped_release nogil;
+                 return e.submit(std::move(p), params);
              }, py::arg("prompt"), py::arg("params"))
         .def("close", &Engine::close, py::call_guard<py::gil_scoped_release>())
-        .def_property_readonly("closed", &Engine::closed)
-        .def("stats", &Engine::stats)
+        .def_property_readonly("closed", [](const Engine & e) {
+                 py::gil_scoped_release nogil;
+                 return e.closed();
+             })
+        .def("stats", &Engine::stats, py::call_guard<py::gil_scoped_release>())
         .def("seq_pos_max", &Engine::seq_pos_max, py::call_guard<py::gil_scoped_release>())
         .def_property_readonly("n_parallel", [](const Engine & e) { return e.context().params().n_parallel; })
         .def_property_readonly("n_ctx_per_seq", [](const Engine & e) { return e.context().n_ctx_per_seq(); });
