@@ -24,8 +24,10 @@ namespace fastpar {
 //
 // llama.cpp asks each sequence's sampler for its part of the graph in turn; the first one
 // asked builds the three ops over the whole logits tensor, and each returns views of its
-// own row. One sampler chain per slot is attached (llama_set_sampler) and never changes,
-// whatever the requests' settings, so llama.cpp reserves its graph once.
+// own row. One chain per slot goes in with the context (llama_context_params.samplers) and
+// stays, whatever greedy or top-k settings the requests use; only a request that needs
+// whole rows detaches it (a later one attaches a new chain), and each such change makes
+// llama.cpp re-reserve its graph.
 class LogitReducer {
 public:
     // The most top-k a chain may ask for and still start from the candidates.
@@ -58,8 +60,6 @@ public:
     // whole row). Not thread-safe (it goes through llama_context); read rows on the
     // decoding thread, sample from them anywhere.
     bool row(llama_context * ctx, int32_t i, LogitRow & out) const;
-
-    int32_t block() const { return block_; }
 
 private:
     struct Part;  // what each sequence's sampler points to

@@ -17,7 +17,7 @@ struct ModelParams {
 // device_sampling=-1 (auto) cuts rows of logits down on the device when the model's output
 // layer runs on a GPU and the context has at least this many slots. Measured on an H100
 // (bench/README.md, "Device sampling"): faster than host sampling at 8 slots and above,
-// slower with 1 slot (a step's fixed cost, with one row to copy either way).
+// slower with 1 slot (between 1 and 8 not measured).
 constexpr int32_t kAutoDeviceSamplingSlots = 8;
 
 struct ContextParams {

@@ -13,10 +13,10 @@
 #include <string>
 #include <vector>
 
+#include "core/logit_reducer.hpp"
 #include "core/model.hpp"
 #include "core/params.hpp"
 #include "core/pool.hpp"
-#include "core/logit_reducer.hpp"
 #include "core/sampling.hpp"
 #include "llama.h"
 
