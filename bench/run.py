@@ -461,7 +461,7 @@ def main() -> int:
     parser.add_argument("--prompt-tokens", default=None, help="W2's prompt lengths (default 32,128)")
     parser.add_argument("--samplers", default="greedy,typical")
     parser.add_argument("--stages", default=None, help="default 0,1,2,3,4,5; with --gpu 0,1,3,4,6,7,8 (stage 2 "
-                        "with the default sampling place is 8 there: device sampling)")
+                        "with the default sampling place is 8 from 8 slots, 7 below)")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--host-kind", default=f"{platform.machine()}-{os.cpu_count()}cpu")
