@@ -154,6 +154,9 @@ llama_token sample_logits(llama_sampler * chain, const GenerateParams & p, const
                 continue;
             }
             for (int32_t j = b; j < end; ++j) {
+                if (cur.size() == k && x[j] < cur.front().logit) {
+                    continue;  // the common case, decided without the token's id
+                }
                 const llama_token_data c{row.id(j), x[j], 0.0f};
                 if (cur.size() < k) {
                     cur.push_back(c);
