@@ -57,6 +57,21 @@ def test_device_sampling_picks_what_host_sampling_picks(model, opts):
     assert_clean(on_device)
 
 
+def test_device_sampling_reads_rows_from_grouped_and_split_passes(model):
+    # When one forward pass holds every row a step asks for, the rows come back grouped
+    # (one copy for several rows, logit_reducer.hpp); when a step is split into several
+    # passes (prompt chunks next to decoding slots, a small n_batch), some are not. Both
+    # kinds, and steps that switch between them, must read each sequence's own row.
+    prompts = [f"{p} {' and then'.join([''] * (i % 4))}".strip() for i, p in enumerate(PROMPTS * 5)]
+    tokens = {}
+    for device in (True, False):
+        ctx = fastpar.Context(model, n_parallel=len(prompts), n_ctx_per_seq=64, n_batch=64, device_sampling=device)
+        results = fastpar.generate_parallel(ctx, prompts, max_tokens=10, ignore_eos=True, temperature=0.0)
+        tokens[device] = [c.token_ids for c in results]
+        assert ctx.last_stats.n_device_sampled == (len(prompts) * 10 if device else 0)
+    assert tokens[True] == tokens[False]
+
+
 def test_device_sampling_gives_whole_rows_to_chains_that_need_them(model):
     # Penalties, logprobs and top-k beyond the candidates need whole rows of logits: those
     # requests detach the slot's reducer, and later requests attach it again, in one engine.

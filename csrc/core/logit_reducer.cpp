@@ -10,6 +10,7 @@ namespace fastpar {
 
 struct LogitReducer::Part {
     LogitReducer * owner = nullptr;
+    llama_seq_id seq = 0;
 };
 
 namespace {
@@ -62,10 +63,13 @@ LogitReducer::LogitReducer(int32_t n_vocab, int32_t n_seq)
     if (block_ == 0) {
         throw Error("device sampling cannot split a vocabulary of " + std::to_string(n_vocab) + " tokens into blocks");
     }
-    for (Part & part : parts_) {
-        part.owner = this;
+    for (size_t seq = 0; seq < parts_.size(); ++seq) {
+        parts_[seq].owner = this;
+        parts_[seq].seq = static_cast<llama_seq_id>(seq);
     }
     chains_.resize(parts_.size());
+    index_of_seq_.assign(parts_.size(), -1);
+    ran_.resize(parts_.size());
 }
 
 llama_sampler * LogitReducer::new_chain(int32_t seq) {
@@ -79,7 +83,7 @@ llama_sampler * LogitReducer::new_chain(int32_t seq) {
         /* .backend_init      = */ reducer_backend_init,
         /* .backend_accept    = */ nullptr,
         /* .backend_apply     = */ &LogitReducer::backend_apply,
-        /* .backend_set_input = */ nullptr,
+        /* .backend_set_input = */ &LogitReducer::backend_set_input,
         /* .backend_reset     = */ &LogitReducer::backend_reset,
         /* .copy_state        = */ nullptr,
     };
@@ -103,7 +107,7 @@ void LogitReducer::backend_reset(llama_sampler * smpl) {
     self.src_ = self.blocks_ = self.values_ = nullptr;
 }
 
-void LogitReducer::build(ggml_context * ctx, ggml_tensor * logits) {
+void LogitReducer::build(ggml_context * ctx, ggml_tensor * logits, bool in_decode) {
     // `logits` is [n, rows]: llama.cpp's whole logits tensor (a 1-D probe when it sizes
     // the graph). A row too short to split is one block.
     const int64_t n = logits->ne[0];
@@ -122,24 +126,88 @@ void LogitReducer::build(ggml_context * ctx, ggml_tensor * logits) {
     ggml_set_name(values_, "fastpar_top_block_logits");
     ggml_set_output(blocks_);
     ggml_set_output(values_);
+
+    // Grouped copies when this pass holds every row the decode asks for and each has the
+    // chain. (llama.cpp pads the logits tensor with one row at the end, not an output.)
+    const int64_t outputs = logits->op == GGML_OP_PAD ? ggml_nrows(logits->src[0]) : rows;
+    auto layout = std::make_shared<Layout>();
+    layout->row_of_seq.assign(parts_.size(), -1);
+    if (in_decode && all_attached_ && n_expected_ > 0 && outputs == n_expected_) {
+        // A copy may fill one row of llama.cpp's output buffer: n_vocab values.
+        layout->n_rows = n_expected_;
+        layout->top = top_;
+        layout->per_row = int64_t{width_} * top_;
+        layout->group = static_cast<int32_t>(std::max<int64_t>(1, n_vocab_ / layout->per_row));
+        layout->group_blocks = std::max(1, n_vocab_ / top_);
+        layout->seq_of_row.assign(static_cast<size_t>(n_expected_), -1);
+    }
+    layout_ = std::move(layout);
 }
 
 void LogitReducer::backend_apply(llama_sampler * smpl, ggml_context * ctx, ggml_cgraph *, llama_sampler_data * data) {
-    LogitReducer & self = *static_cast<Part *>(smpl->ctx)->owner;
+    const Part & part = *static_cast<Part *>(smpl->ctx);
+    LogitReducer & self = *part.owner;
     // data->logits is this sequence's row: a view into the whole logits tensor, or (probe)
-    // a tensor of its own.
-    ggml_tensor * whole = data->logits->view_src != nullptr ? data->logits->view_src : data->logits;
+    // a tensor of its own. A sequence without a row in this pass gets row 0 (llama.cpp
+    // ignores what it returns).
+    const bool in_decode = data->logits->view_src != nullptr;
+    ggml_tensor * whole = in_decode ? data->logits->view_src : data->logits;
     if (whole != self.src_) {
-        self.build(ctx, ggml_is_contiguous(whole) ? whole : ggml_cont(ctx, whole));
+        self.build(ctx, ggml_is_contiguous(whole) ? whole : ggml_cont(ctx, whole), in_decode);
         self.src_ = whole;
     }
-    const size_t row = data->logits->view_src != nullptr ? data->logits->view_offs / whole->nb[1] : 0;
-    data->candidates = ggml_view_1d(ctx, self.blocks_, self.top_, row * self.blocks_->nb[1]);
-    data->logits = ggml_view_1d(ctx, self.values_, static_cast<int64_t>(self.width_) * self.top_,
-                                row * self.values_->nb[2]);
+    const int64_t row = in_decode ? static_cast<int64_t>(data->logits->view_offs / whole->nb[1]) : 0;
+    const int64_t per_row = int64_t{self.width_} * self.top_;
+    Layout & layout = *self.layout_;
+    if (layout.group == 0) {
+        data->candidates = ggml_view_1d(ctx, self.blocks_, self.top_, row * self.blocks_->nb[1]);
+        data->logits = ggml_view_1d(ctx, self.values_, per_row, row * self.values_->nb[2]);
+        return;
+    }
+    // Every sequence the decode asks for has its row in this pass, so a sequence asked for
+    // is one with a row here.
+    if (row < layout.n_rows && self.index_of_seq_[static_cast<size_t>(part.seq)] >= 0) {
+        layout.row_of_seq[static_cast<size_t>(part.seq)] = static_cast<int32_t>(row);
+        layout.seq_of_row[static_cast<size_t>(row)] = part.seq;
+    }
+    const int64_t left = layout.n_rows - row;
+    data->logits = left > 0 && row % layout.group == 0
+                       ? ggml_view_1d(ctx, self.values_, std::min<int64_t>(layout.group, left) * per_row,
+                                      static_cast<size_t>(row) * self.values_->nb[2])
+                       : nullptr;
+    data->candidates = left > 0 && row % layout.group_blocks == 0
+                           ? ggml_view_1d(ctx, self.blocks_, std::min<int64_t>(layout.group_blocks, left) * self.top_,
+                                          static_cast<size_t>(row) * self.blocks_->nb[1])
+                           : nullptr;
 }
 
-bool LogitReducer::row(llama_context * ctx, int32_t i, LogitRow & out) const {
+void LogitReducer::backend_set_input(llama_sampler * smpl) {
+    // Called for each sequence with a row in the pass about to run, after llama.cpp built
+    // its graph or chose to reuse the last one: either way layout_ describes it.
+    const Part & part = *static_cast<Part *>(smpl->ctx);
+    part.owner->ran_[static_cast<size_t>(part.seq)] = part.owner->layout_;
+}
+
+void LogitReducer::expect(const llama_batch & batch, bool all_attached) {
+    std::fill(index_of_seq_.begin(), index_of_seq_.end(), -1);
+    std::fill(ran_.begin(), ran_.end(), nullptr);
+    leaders_of_ = nullptr;
+    n_expected_ = 0;
+    for (int32_t i = 0; i < batch.n_tokens; ++i) {
+        const llama_seq_id seq = batch.seq_id[i][0];
+        if (batch.logits[i] && seq >= 0 && static_cast<size_t>(seq) < index_of_seq_.size()) {
+            index_of_seq_[static_cast<size_t>(seq)] = i;
+            ++n_expected_;
+        }
+    }
+    all_attached_ = all_attached;
+}
+
+bool LogitReducer::row(llama_context * ctx, llama_seq_id seq, int32_t i, LogitRow & out) {
+    const Layout * layout = ran_[static_cast<size_t>(seq)].get();
+    if (layout != nullptr && layout->group > 0) {
+        return grouped_row(ctx, *layout, seq, out);
+    }
     // Both are set together, by backend_apply; a row without them was not reduced. (The
     // count accessors would tell too, but every accessor synchronises the context.)
     const float * logits = llama_get_sampled_logits_ith(ctx, i);
@@ -147,12 +215,61 @@ bool LogitReducer::row(llama_context * ctx, int32_t i, LogitRow & out) const {
     if (blocks == nullptr) {
         return false;
     }
+    out = LogitRow{logits, kTopBlocks * block_, blocks, block_};
+    check_blocks(out);
+    return true;
+}
+
+bool LogitReducer::grouped_row(llama_context * ctx, const Layout & layout, llama_seq_id seq, LogitRow & out) {
+    const int32_t row = layout.row_of_seq[static_cast<size_t>(seq)];
+    if (row < 0) {
+        throw Error("device sampling lost the row of sequence " + std::to_string(seq));
+    }
+    if (leaders_of_ != &layout) {
+        leaders_of_ = &layout;
+        leader_logits_.assign(static_cast<size_t>((layout.n_rows + layout.group - 1) / layout.group), nullptr);
+        leader_blocks_.assign(static_cast<size_t>((layout.n_rows + layout.group_blocks - 1) / layout.group_blocks),
+                              nullptr);
+    }
+    const int64_t per_row = layout.per_row;
+    // A leader's copy is found (and its size checked) once a decode; llama.cpp's accessors
+    // each synchronise the context.
+    const auto leader = [&](int32_t group, bool blocks) -> const void * {
+        const int32_t first = row - row % group;
+        const llama_seq_id lead = layout.seq_of_row[static_cast<size_t>(first)];
+        const int32_t i = lead >= 0 ? index_of_seq_[static_cast<size_t>(lead)] : -1;
+        const int64_t want = std::min(group, layout.n_rows - first) * (blocks ? int64_t{layout.top} : per_row);
+        const void * p = nullptr;
+        int64_t got = -1;
+        if (i >= 0) {
+            p = blocks ? static_cast<const void *>(llama_get_sampled_candidates_ith(ctx, i))
+                       : static_cast<const void *>(llama_get_sampled_logits_ith(ctx, i));
+            got = blocks ? llama_get_sampled_candidates_count_ith(ctx, i) : llama_get_sampled_logits_count_ith(ctx, i);
+        }
+        if (p == nullptr || got != want) {
+            throw Error("device sampling found no copy of " + std::to_string(want) + (blocks ? " block indices" : " logits") +
+                        " for rows " + std::to_string(first) + ".. of a pass (got " + std::to_string(got) + ")");
+        }
+        return p;
+    };
+    const size_t g = static_cast<size_t>(row / layout.group), gb = static_cast<size_t>(row / layout.group_blocks);
+    if (leader_logits_[g] == nullptr) {
+        leader_logits_[g] = static_cast<const float *>(leader(layout.group, false));
+    }
+    if (leader_blocks_[gb] == nullptr) {
+        leader_blocks_[gb] = static_cast<const llama_token *>(leader(layout.group_blocks, true));
+    }
+    out = LogitRow{leader_logits_[g] + (row % layout.group) * per_row, static_cast<int32_t>(per_row),
+                   leader_blocks_[gb] + (row % layout.group_blocks) * layout.top, block_};
+    check_blocks(out);
+    return true;
+}
+
+void LogitReducer::check_blocks(const LogitRow & row) const {
     const llama_token n_blocks = n_vocab_ / block_;
-    if (!std::all_of(blocks, blocks + kTopBlocks, [&](llama_token b) { return b >= 0 && b < n_blocks; })) {
+    if (!std::all_of(row.blocks, row.blocks + kTopBlocks, [&](llama_token b) { return b >= 0 && b < n_blocks; })) {
         throw Error("device sampling got a block index outside the vocabulary back from llama.cpp");
     }
-    out = LogitRow{logits, kTopBlocks * block_, blocks, block_};
-    return true;
 }
 
 }  // namespace fastpar

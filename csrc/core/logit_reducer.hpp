@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "core/params.hpp"
@@ -28,6 +29,17 @@ namespace fastpar {
 // stays, whatever greedy or top-k settings the requests use; only a request that needs
 // whole rows detaches it (a later one attaches a new chain), and each such change makes
 // llama.cpp re-reserve its graph.
+//
+// llama.cpp copies what each sampler returns on its own: two small copies a row, 512 a
+// step with 256 slots, each with a fixed cost on the device and the host. So when one
+// forward pass holds every row a decode asks for and all of them have the chain (the
+// usual generation step), the rows are grouped: the sampler of every `group`-th row
+// returns a view of its row and the next ones (as many as fit in one row of llama.cpp's
+// output buffer, 18 for Qwen3's vocabulary), the others return nothing, and
+// row() finds a sequence's candidates inside its group leader's copy. Which pass gave a
+// sequence its row, and in which layout, is recorded when llama.cpp sets the pass's
+// inputs (it does for reused graphs too), so a decode split into several passes, or one
+// that reuses an earlier grouped graph, is read correctly.
 class LogitReducer {
 public:
     // The most top-k a chain may ask for and still start from the candidates.
@@ -54,20 +66,37 @@ public:
     // the context has been freed or the chains detached.
     llama_sampler * new_chain(int32_t seq);
 
-    // The candidates llama.cpp copied back for batch index `i` after the last decode, as
-    // a LogitRow pointing into its output buffer (kTopBlocks blocks of block() logits).
-    // False if it has none for `i` (the reducer did not run: llama.cpp then copied the
-    // whole row). Not thread-safe (it goes through llama_context); read rows on the
-    // decoding thread, sample from them anywhere.
-    bool row(llama_context * ctx, int32_t i, LogitRow & out) const;
+    // Before every llama_decode: which rows `batch` asks for (one a sequence at most), and
+    // whether every sequence asking has this reducer's chain attached.
+    void expect(const llama_batch & batch, bool all_attached);
+
+    // The candidates llama.cpp copied back for sequence `seq`, whose row is batch index
+    // `i` of the last decode, as a LogitRow pointing into its output buffer (kTopBlocks
+    // blocks of block() logits). False if it has none (the reducer did not run: llama.cpp
+    // then copied the whole row). Not thread-safe (it goes through llama_context); read
+    // rows on the decoding thread, sample from them anywhere.
+    bool row(llama_context * ctx, llama_seq_id seq, int32_t i, LogitRow & out);
 
 private:
     struct Part;  // what each sequence's sampler points to
+    // Where a graph's samplers put their rows (see above): `group` 0 means one copy a row.
+    struct Layout {
+        int32_t n_rows = 0;        // output rows of the pass (grouped layouts only)
+        int32_t group = 0;         // rows one logits copy holds
+        int32_t group_blocks = 0;  // rows one block-index copy holds
+        int32_t top = 0;           // blocks a row
+        int64_t per_row = 0;       // logits a row: top blocks of the block width
+        std::vector<llama_seq_id> seq_of_row;
+        std::vector<int32_t> row_of_seq;  // [seq], -1 for none
+    };
 
     static void backend_apply(llama_sampler * smpl, ggml_context * ctx, ggml_cgraph * gf,
                               llama_sampler_data * data);
+    static void backend_set_input(llama_sampler * smpl);
     static void backend_reset(llama_sampler * smpl);
-    void build(ggml_context * ctx, ggml_tensor * logits);
+    void build(ggml_context * ctx, ggml_tensor * logits, bool in_decode);
+    bool grouped_row(llama_context * ctx, const Layout & layout, llama_seq_id seq, LogitRow & out);
+    void check_blocks(const LogitRow & row) const;
 
     int32_t n_vocab_;
     int32_t block_;
@@ -77,8 +106,18 @@ private:
     ggml_tensor * values_ = nullptr;  // F32 [block, kTopBlocks, rows]
     int32_t top_ = 0;                 // blocks kept a row (kTopBlocks, or fewer for a short row)
     int32_t width_ = 0;               // block width used in that graph
+    std::shared_ptr<Layout> layout_;  // of that graph
     std::vector<Part> parts_;
     std::vector<SamplerPtr> chains_;  // [seq]: the last one made
+    // The decode under way or last done:
+    std::vector<int32_t> index_of_seq_;                // [seq]: batch index of its row, -1 for none
+    int32_t n_expected_ = 0;                           // rows it asks for
+    bool all_attached_ = false;
+    std::vector<std::shared_ptr<const Layout>> ran_;  // [seq]: layout of the pass that gave its row
+    // Group leaders' copies, found once a decode: [row / group] of the grouped layout read.
+    const Layout * leaders_of_ = nullptr;
+    std::vector<const float *> leader_logits_;
+    std::vector<const llama_token *> leader_blocks_;
 };
 
 }  // namespace fastpar

@@ -404,6 +404,11 @@ void Scheduler::decode_group(std::vector<Slot *> group) {
         }
     }
 
+    if (device_ != nullptr) {
+        const bool all_on_device = std::all_of(group.begin(), group.end(),
+                                               [](const Slot * s) { return s->i_logits < 0 || s->on_device; });
+        device_->reducer->expect(batch_, all_on_device);
+    }
     const auto t0 = Clock::now();
     const int32_t rc = llama_decode(ctx_, batch_);
     if (rc == 0) {
@@ -490,7 +495,7 @@ void Scheduler::sample(const std::vector<Slot *> & slots) {
     const int32_t n_vocab = model_.n_vocab();
     for (size_t i = 0; i < slots.size(); ++i) {
         Slot & s = *slots[i];
-        if (s.on_device && device_->reducer->row(ctx_, s.i_logits, rows[i])) {
+        if (s.on_device && device_->reducer->row(ctx_, s.seq, s.i_logits, rows[i])) {
             ++stats_.n_device_sampled;
         } else {
             // Host sampling, or a reducer llama.cpp did not run (it then copies whole rows).
