@@ -207,7 +207,7 @@ POLL_WHILE_LISTENING = """
 import sys, fastpar
 model = fastpar.Model(sys.argv[1])
 calls = []
-with fastpar.Engine(model, n_parallel=4, n_ctx_per_seq=64) as engine:
+with fastpar.Engine(model, n_parallel=4, n_ctx_per_seq=64, n_threads=2) as engine:
     for _ in range(60):
         requests = [engine.submit("Hello there", max_tokens=3, temperature=0.0) for _ in range(4)]
         for r in requests:
@@ -223,6 +223,9 @@ def test_polling_a_request_while_its_listener_fires_does_not_deadlock():
     # it while holding the request's lock, and a Python thread polling done() holds the
     # GIL while it waits for that lock: both waited for ever (seen in an asyncio test).
     # In a child process, so that a deadlock fails the test instead of hanging the run.
+    # Two decoding threads: the check is about locks, not speed, and with one decoding
+    # thread a core (the default) it did not end within two minutes on a 16-core machine,
+    # where the polling thread spins on a core the decoding threads wait for.
     import subprocess
     import sys
 
