@@ -50,12 +50,8 @@ Context::Context(std::shared_ptr<const Model> model, const ContextParams & param
     cp.n_batch = static_cast<uint32_t>(params_.n_batch);
     cp.n_ubatch = static_cast<uint32_t>(std::min(params_.n_batch, kMaxUbatch));
     cp.n_seq_max = static_cast<uint32_t>(params_.n_parallel);
-    // With every layer on the GPU the CPU only looks up the tokens' embeddings, which one
-    // thread does in well under a millisecond a step; more threads would keep spinning
-    // after each step (OpenMP's wait policy) on the cores that choose the tokens.
-    const int32_t llama_threads = model_->output_on_gpu() ? 1 : n_threads_;
-    cp.n_threads = llama_threads;
-    cp.n_threads_batch = llama_threads;
+    cp.n_threads = n_threads_;
+    cp.n_threads_batch = n_threads_;
     cp.kv_unified = params_.kv_unified;
     cp.no_perf = true;
     // Device sampling: every slot's reducer chain goes in with the context, so llama.cpp
@@ -84,8 +80,7 @@ Context::Context(std::shared_ptr<const Model> model, const ContextParams & param
     const auto actual = static_cast<int32_t>(params_.kv_unified ? llama_n_ctx(ctx_) : llama_n_ctx_seq(ctx_));
     n_ctx_seq_ = std::min(params_.n_ctx_per_seq, actual);
     batch_ = llama_batch_init(params_.n_batch, 0, 1);
-    // Host sampling of many sequences at once uses the decode threads' cores (on a CPU),
-    // idle while tokens are chosen.
+    // Host sampling of many sequences at once uses the decode threads' cores, idle then.
     pool_ = std::make_unique<TaskPool>(std::max(0, n_threads_ - 1));
     llama_set_abort_callback(
         ctx_, [](void * data) { return static_cast<std::atomic<bool> *>(data)->load(); }, &abort_);
