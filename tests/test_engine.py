@@ -223,9 +223,9 @@ def test_polling_a_request_while_its_listener_fires_does_not_deadlock():
     # it while holding the request's lock, and a Python thread polling done() holds the
     # GIL while it waits for that lock: both waited for ever (seen in an asyncio test).
     # In a child process, so that a deadlock fails the test instead of hanging the run.
-    # Two decoding threads: the check is about locks, not speed, and with one decoding
-    # thread a core (the default) it did not end within two minutes on a 16-core machine,
-    # where the polling thread spins on a core the decoding threads wait for.
+    # Two decoding threads: the check is about locks, not speed. With one decoding thread
+    # a core (the default) the polling thread spins on a core the decoding threads wait
+    # for: on a 16-core machine 10 rounds took 20.3 s with 16 threads, 1.6 s with 2.
     import subprocess
     import sys
 
