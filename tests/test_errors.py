@@ -30,6 +30,22 @@ def test_error_isolation_too_long_prompt_fails_alone(model):
     assert_clean(ctx)
 
 
+def test_prompts_tokenized_together_fail_alone(model):
+    # With 8 or more free slots the waiting prompts are tokenized on several threads at
+    # once: an empty and a too-long prompt among them still fail alone, in their place.
+    ctx = fastpar.Context(model, n_parallel=10, n_ctx_per_seq=256)
+    good = PROMPTS
+    reference = fastpar.generate_parallel(ctx, good, max_tokens=16, **GREEDY)
+    mixed = good[:2] + [""] + good[2:6] + [TOO_LONG] + good[6:]
+    results = fastpar.generate_parallel(ctx, mixed, max_tokens=16, **GREEDY)
+    assert results[2].finish_reason == "error" and "empty" in results[2].error
+    assert results[7].finish_reason == "error" and "n_ctx_per_seq=256" in results[7].error
+    others = results[:2] + results[3:7] + results[8:]
+    assert [c.token_ids for c in others] == [c.token_ids for c in reference]
+    assert ctx.last_stats.n_failed == 2
+    assert_clean(ctx)
+
+
 def test_empty_prompt_is_a_per_prompt_error(model):
     ctx = fastpar.Context(model, n_parallel=2, n_ctx_per_seq=256)
     empty, ok = fastpar.generate_parallel(ctx, ["", "The capital of France is"], max_tokens=8, **GREEDY)
