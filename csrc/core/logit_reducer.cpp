@@ -131,15 +131,15 @@ void LogitReducer::build(ggml_context * ctx, ggml_tensor * logits, bool in_decod
     // chain. (llama.cpp pads the logits tensor with one row at the end, not an output.)
     const int64_t outputs = logits->op == GGML_OP_PAD ? ggml_nrows(logits->src[0]) : rows;
     auto layout = std::make_shared<Layout>();
-    layout->row_of_seq.assign(parts_.size(), -1);
+    layout->top = top_;
+    layout->per_row = int64_t{width_} * top_;
     if (in_decode && all_attached_ && n_expected_ > 0 && outputs == n_expected_) {
         // A copy may fill one row of llama.cpp's output buffer: n_vocab values.
         layout->n_rows = n_expected_;
-        layout->top = top_;
-        layout->per_row = int64_t{width_} * top_;
         layout->group = static_cast<int32_t>(std::max<int64_t>(1, n_vocab_ / layout->per_row));
         layout->group_blocks = std::max(1, n_vocab_ / top_);
         layout->seq_of_row.assign(static_cast<size_t>(n_expected_), -1);
+        layout->row_of_seq.assign(parts_.size(), -1);
     }
     layout_ = std::move(layout);
 }
@@ -157,8 +157,8 @@ void LogitReducer::backend_apply(llama_sampler * smpl, ggml_context * ctx, ggml_
         self.src_ = whole;
     }
     const int64_t row = in_decode ? static_cast<int64_t>(data->logits->view_offs / whole->nb[1]) : 0;
-    const int64_t per_row = int64_t{self.width_} * self.top_;
     Layout & layout = *self.layout_;
+    const int64_t per_row = layout.per_row;
     if (layout.group == 0) {
         data->candidates = ggml_view_1d(ctx, self.blocks_, self.top_, row * self.blocks_->nb[1]);
         data->logits = ggml_view_1d(ctx, self.values_, per_row, row * self.values_->nb[2]);

@@ -81,11 +81,12 @@ private:
     struct Part;  // what each sequence's sampler points to
     // Where a graph's samplers put their rows (see above): `group` 0 means one copy a row.
     struct Layout {
-        int32_t n_rows = 0;        // output rows of the pass (grouped layouts only)
-        int32_t group = 0;         // rows one logits copy holds
-        int32_t group_blocks = 0;  // rows one block-index copy holds
         int32_t top = 0;           // blocks a row
         int64_t per_row = 0;       // logits a row: top blocks of the block width
+        // Grouped layouts only:
+        int32_t n_rows = 0;        // output rows of the pass
+        int32_t group = 0;         // rows one logits copy holds
+        int32_t group_blocks = 0;  // rows one block-index copy holds
         std::vector<llama_seq_id> seq_of_row;
         std::vector<int32_t> row_of_seq;  // [seq], -1 for none
     };

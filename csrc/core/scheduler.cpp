@@ -157,13 +157,14 @@ void Scheduler::admit() {
             out.error = e.what();
         }
     };
-    const auto n_free = static_cast<size_t>(
-        std::count_if(slots_.begin(), slots_.end(), [](const std::unique_ptr<Slot> & s) { return !s->active; }));
-    std::vector<Tokenized> ahead(std::min(n_free, queue_.size()));
-    if (pool_ != nullptr && ahead.size() >= kMinPooled) {
-        pool_->run(ahead.size(), [&](size_t i) { tokenize(queue_[i].prompt, ahead[i]); });
-    } else {
-        ahead.clear();
+    std::vector<Tokenized> ahead;
+    if (pool_ != nullptr && queue_.size() >= kMinPooled) {
+        const auto n_free = static_cast<size_t>(
+            std::count_if(slots_.begin(), slots_.end(), [](const std::unique_ptr<Slot> & s) { return !s->active; }));
+        if (n_free >= kMinPooled) {
+            ahead.resize(std::min(n_free, queue_.size()));
+            pool_->run(ahead.size(), [&](size_t i) { tokenize(queue_[i].prompt, ahead[i]); });
+        }
     }
     size_t n_taken = 0;
     for (auto & slot_ptr : slots_) {
