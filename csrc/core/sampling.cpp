@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <random>
 
 #if defined(__SSE2__) || defined(_M_X64)
@@ -35,7 +36,11 @@ namespace {
 // read one logit at a time. With a 152k vocabulary and hundreds of rows a step on a GPU,
 // the plain loop was the larger part of host sampling.
 constexpr int32_t kArgmaxBlock = 256;
+// Top-k's blocks: narrow in a short row (device sampling's 8,192 candidates), so that
+// the k reaching blocks are few of them; as wide as argmax's in a whole vocabulary, where
+// finding the maxima is most of the work.
 constexpr int32_t kTopKBlock = 64;
+constexpr int32_t kTopKWideRow = 65536;
 
 // The largest of x[0..n), n > 0 (a NaN may be passed over).
 float max_of(const float * x, int32_t n) {
@@ -142,33 +147,54 @@ llama_token sample_logits(llama_sampler * chain, const GenerateParams & p, const
     }
     bool sorted = false;
     if (!penalties && p.top_k > 0 && (p.top_k < row.n || row.blocks != nullptr)) {
-        // The k best logits (a heap of k in one pass whose front is the worst kept), best
-        // first: what the chain's top-k sampler would keep, so it and the rest of the chain
-        // see the same candidates.
+        // The k best logits, best first: what the chain's top-k sampler would keep, so it
+        // and the rest of the chain see the same candidates. Every block's largest logit
+        // first (NaN counts as -inf): k blocks reach the k-th largest of these maxima, so at
+        // least k logits do, and the k best are all at or above it. Only the blocks whose
+        // maximum reaches it (k of them, more on ties) are read one logit at a time, and
+        // only their logits that reach it (about k to 2k) are ranked.
         const auto k = static_cast<size_t>(p.top_k);
+        thread_local std::vector<float> maxima, scratch;
+        const int32_t width = row.n >= kTopKWideRow ? kArgmaxBlock : kTopKBlock;
+        const auto n_blocks = static_cast<size_t>((row.n + width - 1) / width);
+        maxima.resize(n_blocks);
+        for (size_t i = 0; i < n_blocks; ++i) {
+            const auto b = static_cast<int32_t>(i) * width;
+            const float m = max_of(x + b, std::min(width, row.n - b));
+            maxima[i] = m == m ? m : -INFINITY;
+        }
+        float reach = -INFINITY;
+        if (n_blocks > k) {
+            scratch = maxima;
+            std::nth_element(scratch.begin(), scratch.begin() + static_cast<std::ptrdiff_t>(k - 1), scratch.end(),
+                             std::greater<float>());
+            reach = scratch[k - 1];
+        }
         cur.clear();
-        for (int32_t b = 0; b < row.n; b += kTopKBlock) {
-            const int32_t end = std::min(b + kTopKBlock, row.n);
-            // A block whose largest logit is below the k-th best so far changes nothing.
-            if (cur.size() == k && max_of(x + b, end - b) < cur.front().logit) {
+        for (size_t i = 0; i < n_blocks; ++i) {
+            if (maxima[i] < reach) {
                 continue;
             }
+            const auto b = static_cast<int32_t>(i) * width;
+            const int32_t end = std::min(b + width, row.n);
             for (int32_t j = b; j < end; ++j) {
-                if (cur.size() == k && x[j] < cur.front().logit) {
-                    continue;  // the common case, decided without the token's id
-                }
-                const llama_token_data c{row.id(j), x[j], 0.0f};
-                if (cur.size() < k) {
-                    cur.push_back(c);
-                    std::push_heap(cur.begin(), cur.end(), better);
-                } else if (better(c, cur.front())) {
-                    std::pop_heap(cur.begin(), cur.end(), better);
-                    cur.back() = c;
-                    std::push_heap(cur.begin(), cur.end(), better);
+                if (x[j] >= reach) {  // never a NaN
+                    cur.push_back(llama_token_data{row.id(j), x[j], 0.0f});
                 }
             }
         }
-        std::sort_heap(cur.begin(), cur.end(), better);
+        if (cur.empty()) {
+            // A row of NaNs: the first k, in their order, for the chain to make what it can of.
+            for (int32_t j = 0; j < row.n && cur.size() < k; ++j) {
+                cur.push_back(llama_token_data{row.id(j), x[j], 0.0f});
+            }
+            return apply_chain(chain, cur, false);
+        }
+        if (cur.size() > k) {
+            std::nth_element(cur.begin(), cur.begin() + static_cast<std::ptrdiff_t>(k - 1), cur.end(), better);
+            cur.resize(k);
+        }
+        std::sort(cur.begin(), cur.end(), better);
         sorted = true;
     } else if (row.blocks == nullptr) {
         cur.resize(static_cast<size_t>(row.n));
