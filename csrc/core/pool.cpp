@@ -19,15 +19,21 @@ TaskPool::~TaskPool() {
     }
 }
 
-void TaskPool::drain() {
-    for (size_t i = next_.fetch_add(1); i < n_items_; i = next_.fetch_add(1)) {
+void TaskPool::drain(Job & job) {
+    for (size_t i = job.next.fetch_add(1); i < job.n; i = job.next.fetch_add(1)) {
         try {
-            (*fn_)(i);
+            (*job.fn)(i);
         } catch (...) {
             std::lock_guard<std::mutex> lock(mutex_);
-            if (!error_) {
-                error_ = std::current_exception();
+            if (!job.error) {
+                job.error = std::current_exception();
             }
+        }
+        if (job.done.fetch_add(1) + 1 == job.n) {
+            // The last item: run() may be waiting. Taking the lock orders this with its
+            // check of `done`, so the wake-up cannot be missed.
+            std::lock_guard<std::mutex> lock(mutex_);
+            done_.notify_all();
         }
     }
 }
@@ -35,6 +41,7 @@ void TaskPool::drain() {
 void TaskPool::work() {
     uint64_t seen = 0;
     for (;;) {
+        std::shared_ptr<Job> job;
         {
             std::unique_lock<std::mutex> lock(mutex_);
             wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
@@ -42,13 +49,11 @@ void TaskPool::work() {
                 return;
             }
             seen = generation_;
+            job = job_;
         }
-        drain();
-        {
-            std::lock_guard<std::mutex> lock(mutex_);
-            --n_busy_;
+        if (job) {
+            drain(*job);
         }
-        done_.notify_one();
     }
 }
 
@@ -59,24 +64,22 @@ void TaskPool::run(size_t n, const std::function<void(size_t)> & fn) {
         }
         return;
     }
+    auto job = std::make_shared<Job>();
+    job->fn = &fn;
+    job->n = n;
     {
         std::lock_guard<std::mutex> lock(mutex_);
-        fn_ = &fn;
-        n_items_ = n;
-        next_.store(0);
-        n_busy_ = workers_.size();
-        error_ = nullptr;
+        job_ = job;
         ++generation_;
     }
     wake_.notify_all();
-    drain();
+    drain(*job);
     std::exception_ptr error;
     {
         std::unique_lock<std::mutex> lock(mutex_);
-        done_.wait(lock, [&] { return n_busy_ == 0; });
-        fn_ = nullptr;
-        error = error_;
-        error_ = nullptr;
+        done_.wait(lock, [&] { return job->done.load() == n; });
+        job_.reset();
+        error = job->error;
     }
     if (error) {
         std::rethrow_exception(error);

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -23,25 +24,33 @@ public:
     TaskPool(const TaskPool &) = delete;
     TaskPool & operator=(const TaskPool &) = delete;
 
-    // fn(i) for every i in [0, n), spread over the workers and the caller. The first
+    // fn(i) for every i in [0, n), spread over the workers and the caller. Returns when
+    // every item is done, without waiting for workers that woke too late to take one (a
+    // small loop is often done before the last of many threads is scheduled). The first
     // exception any call throws is rethrown here, after all calls have ended.
     void run(size_t n, const std::function<void(size_t)> & fn);
     int32_t n_threads() const { return static_cast<int32_t>(workers_.size()) + 1; }
 
 private:
+    // One run's items. Workers hold it by shared_ptr: one that wakes after its run has
+    // returned finds no item left and never touches `fn`.
+    struct Job {
+        const std::function<void(size_t)> * fn = nullptr;
+        size_t n = 0;
+        std::atomic<size_t> next{0};
+        std::atomic<size_t> done{0};
+        std::exception_ptr error;  // under the pool's mutex
+    };
+
     void work();
-    void drain();
+    void drain(Job & job);
 
     std::vector<std::thread> workers_;
     std::mutex mutex_;
     std::condition_variable wake_, done_;
-    const std::function<void(size_t)> * fn_ = nullptr;
-    size_t n_items_ = 0;
-    std::atomic<size_t> next_{0};
-    size_t n_busy_ = 0;
+    std::shared_ptr<Job> job_;  // the run under way, if any
     uint64_t generation_ = 0;
     bool stop_ = false;
-    std::exception_ptr error_;
 };
 
 }  // namespace fastpar
