@@ -98,11 +98,18 @@ llama_token argmax(const LogitRow & row) {
             }
         }
     } else if (best_block >= 0) {
-        // Blocks come in no particular order: the lowest id of all equal to the largest.
+        // Blocks come in no particular order: the lowest id of all equal to the largest,
+        // read one logit at a time only in the blocks whose maximum it is (usually one).
         llama_token t_best = -1;
-        for (int32_t j = best_block; j < row.n; ++j) {
-            if (x[j] == best && (t_best < 0 || row.id(j) < t_best)) {
-                t_best = row.id(j);
+        for (int32_t b = best_block; b < row.n; b += kArgmaxBlock) {
+            const int32_t end = std::min(b + kArgmaxBlock, row.n);
+            if (b != best_block && !(max_of(x + b, end - b) >= best)) {
+                continue;
+            }
+            for (int32_t j = b; j < end; ++j) {
+                if (x[j] == best && (t_best < 0 || row.id(j) < t_best)) {
+                    t_best = row.id(j);
+                }
             }
         }
         return t_best;
