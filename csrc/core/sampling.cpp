@@ -214,6 +214,35 @@ llama_token sample_logits(llama_sampler * chain, const GenerateParams & p, const
     return apply_chain(chain, cur, sorted);
 }
 
+std::pair<std::vector<llama_token>, std::vector<llama_token>> sample_against_llama(
+    const GenerateParams & params, uint32_t seed, const std::vector<float> & logits,
+    const std::vector<llama_token> & blocks, int32_t width, int32_t draws) {
+    const auto n = static_cast<int32_t>(logits.size());
+    std::vector<float> kept;
+    LogitRow row{logits.data(), n};
+    if (!blocks.empty()) {
+        for (const llama_token b : blocks) {
+            if (width <= 0 || b < 0 || static_cast<int64_t>(b + 1) * width > n) {
+                throw InvalidArgument("a block lies outside the row");
+            }
+            kept.insert(kept.end(), logits.begin() + b * width, logits.begin() + (b + 1) * width);
+        }
+        row = LogitRow{kept.data(), static_cast<int32_t>(kept.size()), blocks.data(), width};
+    }
+    SamplerPtr ours = make_sampler(params, seed, n);
+    SamplerPtr theirs = make_sampler(params, seed, n);
+    std::vector<llama_token_data> cur, whole(static_cast<size_t>(n));
+    std::pair<std::vector<llama_token>, std::vector<llama_token>> out;
+    for (int32_t d = 0; d < draws; ++d) {
+        out.first.push_back(sample_logits(ours.get(), params, row, cur));
+        for (int32_t t = 0; t < n; ++t) {
+            whole[static_cast<size_t>(t)] = llama_token_data{t, logits[static_cast<size_t>(t)], 0.0f};
+        }
+        out.second.push_back(apply_chain(theirs.get(), whole, false));
+    }
+    return out;
+}
+
 float token_logprob(const float * logits, int32_t n_vocab, llama_token token) {
     float max = logits[0];
     for (int32_t i = 1; i < n_vocab; ++i) {

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "core/params.hpp"
@@ -44,6 +45,14 @@ struct LogitRow {
 // different chains on different threads at once.
 llama_token sample_logits(llama_sampler * chain, const GenerateParams & params, const LogitRow & row,
                           std::vector<llama_token_data> & cur);
+
+// For tests: `draws` tokens sample_logits picks with the chain `params` builds, from the
+// whole row `logits` or, when `blocks` is not empty, from those blocks of `width` logits
+// (as device sampling hands them over), next to the tokens llama.cpp's own chain picks
+// applying every sampler to the whole row; both chains start from `seed`.
+std::pair<std::vector<llama_token>, std::vector<llama_token>> sample_against_llama(
+    const GenerateParams & params, uint32_t seed, const std::vector<float> & logits,
+    const std::vector<llama_token> & blocks, int32_t width, int32_t draws);
 
 // log softmax(logits)[token], over the whole vocabulary.
 float token_logprob(const float * logits, int32_t n_vocab, llama_token token);

@@ -6,6 +6,7 @@
 
 #include "core/context.hpp"
 #include "core/errors.hpp"
+#include "core/sampling.hpp"
 #include "python/module.hpp"
 
 namespace py = pybind11;
@@ -70,6 +71,14 @@ Prompt to_prompt(const PromptIn & in) {
 }
 
 void register_generate(py::module_ & m) {
+    m.def(
+        "_sample_against_llama",
+        [](const GenerateParams & params, uint32_t seed, const std::vector<float> & logits,
+           const std::vector<llama_token> & blocks, int32_t width, int32_t draws) {
+            return sample_against_llama(params, seed, logits, blocks, width, draws);
+        },
+        "For tests: tokens fastpar's host sampling picks next to those llama.cpp's own chain picks "
+        "(core/sampling.hpp, sample_against_llama).");
     py::class_<ContextParams>(m, "ContextParams", "Options of a context; defaults are fastpar's.")
         .def(py::init<>())
         .def_readwrite("n_parallel", &ContextParams::n_parallel)

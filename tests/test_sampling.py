@@ -1,0 +1,84 @@
+"""Host sampling's shortcuts pick what llama.cpp's own samplers pick from the whole row.
+
+fastpar does not hand a whole row of logits to llama.cpp's sampler chain: greedy is an
+argmax over blocks, top-k collects the k best from the blocks whose maximum can hold them,
+and device sampling leaves only the best blocks, in no particular order
+(csrc/core/sampling.cpp, logit_reducer.hpp). `_core._sample_against_llama` runs a chain
+both ways from the same seed; random rows have no ties at the k-th place, where the two may
+differ by design (README, device_sampling)."""
+
+import random
+
+import pytest
+
+from fastpar import _core
+
+TYPICAL = dict(temperature=0.8, top_k=40, top_p=0.95, min_p=0.0)
+WIDTH = 128  # device sampling's block width for these vocabularies (LogitReducer::block_for)
+
+
+def _params(**kw):
+    p = _core.GenerateParams()
+    for key, value in kw.items():
+        setattr(p, key, value)
+    return p
+
+
+def _row(n, rng):
+    return [rng.gauss(0.0, 3.0) for _ in range(n)]
+
+
+def _device_blocks(x, rng, keep=64):
+    """What device sampling keeps of row x: the `keep` blocks with the largest maxima, shuffled."""
+    maxima = [max(x[i:i + WIDTH]) for i in range(0, len(x), WIDTH)]
+    blocks = sorted(range(len(maxima)), key=lambda b: -maxima[b])[:keep]
+    rng.shuffle(blocks)
+    return blocks
+
+
+@pytest.mark.parametrize("n", [151936, 49152, 300])
+@pytest.mark.parametrize("top_k", [1, 7, 40, 64])
+def test_top_k_from_the_whole_row_matches_llama(n, top_k):
+    rng = random.Random(n * 100 + top_k)
+    p = _params(**dict(TYPICAL, top_k=top_k))
+    for seed in range(4):
+        ours, theirs = _core._sample_against_llama(p, seed, _row(n, rng), [], 0, 5)
+        assert ours == theirs, (seed, ours, theirs)
+
+
+@pytest.mark.parametrize("n", [151936, 49152])
+@pytest.mark.parametrize("top_k", [1, 40, 64])
+def test_top_k_from_device_candidates_matches_llama(n, top_k):
+    rng = random.Random(n + top_k)
+    p = _params(**dict(TYPICAL, top_k=top_k))
+    for seed in range(4):
+        x = _row(n, rng)
+        ours, theirs = _core._sample_against_llama(p, seed, x, _device_blocks(x, rng), WIDTH, 5)
+        assert ours == theirs, (seed, ours, theirs)
+
+
+@pytest.mark.parametrize("device", [False, True])
+def test_greedy_takes_the_lowest_id_among_equal_best_logits(device):
+    rng = random.Random(5)
+    n = 151936
+    p = _params(temperature=0.0)
+    for tied in ([9000, 3000, 150000], [40000, 40001], [70000]):
+        x = [min(v, 10.0) for v in _row(n, rng)]
+        for t in tied:
+            x[t] = 12.5
+        blocks = _device_blocks(x, rng) if device else []
+        ours, theirs = _core._sample_against_llama(p, 0, x, blocks, WIDTH if device else 0, 2)
+        assert ours == theirs == [min(tied)] * 2
+
+
+def test_greedy_matches_llama_on_random_rows():
+    rng = random.Random(9)
+    p = _params(temperature=0.0)
+    for n in (151936, 49152, 300):
+        for _ in range(3):
+            x = [round(v) for v in _row(n, rng)]  # whole numbers: ties everywhere, at the top too
+            ours, theirs = _core._sample_against_llama(p, 0, x, [], 0, 1)
+            assert ours == theirs
+            if n % WIDTH == 0:
+                ours, theirs = _core._sample_against_llama(p, 0, x, _device_blocks(x, rng), WIDTH, 1)
+                assert ours == theirs
