@@ -7,6 +7,7 @@ import threading
 import time
 
 import fastpar
+import pytest
 from conftest import GREEDY, PROMPTS, assert_as_solo, assert_clean
 
 
@@ -62,3 +63,13 @@ def test_two_threads_on_one_context_take_turns(model, solo):
 def test_two_contexts_of_one_model_run_in_parallel(model, solo):
     ctxs = [fastpar.Context(model, n_parallel=4, n_ctx_per_seq=256, n_threads=1) for _ in range(2)]
     _generate_in_two_threads(ctxs, solo)
+
+
+@pytest.mark.parametrize("n_workers", [0, 1, 3, 15])
+def test_sampling_pool_runs_every_item_once_and_rethrows(n_workers):
+    # The pool that samples and tokenizes many sequences at once (csrc/core/pool.hpp):
+    # 5,000 runs of 0-39 items, every seventh with an item that throws; run() returns only
+    # when every item has run exactly once, and rethrows that exception.
+    from fastpar import _core
+
+    assert _core._stress_task_pool(n_workers, 5000) == 0

@@ -1,5 +1,7 @@
 #include "core/pool.hpp"
 
+#include "core/errors.hpp"
+
 namespace fastpar {
 
 TaskPool::TaskPool(int32_t n_workers) {
@@ -59,8 +61,19 @@ void TaskPool::work() {
 
 void TaskPool::run(size_t n, const std::function<void(size_t)> & fn) {
     if (workers_.empty() || n < 2) {
+        // Every item still runs when one throws, as on the workers.
+        std::exception_ptr error;
         for (size_t i = 0; i < n; ++i) {
-            fn(i);
+            try {
+                fn(i);
+            } catch (...) {
+                if (!error) {
+                    error = std::current_exception();
+                }
+            }
+        }
+        if (error) {
+            std::rethrow_exception(error);
         }
         return;
     }
@@ -84,6 +97,38 @@ void TaskPool::run(size_t n, const std::function<void(size_t)> & fn) {
     if (error) {
         std::rethrow_exception(error);
     }
+}
+
+int64_t stress_task_pool(int32_t n_workers, int32_t runs) {
+    TaskPool pool(n_workers);
+    uint32_t state = 12345u + static_cast<uint32_t>(n_workers);
+    const auto next = [&state] {  // a small LCG: the same runs everywhere
+        state = state * 1664525u + 1013904223u;
+        return state >> 8;
+    };
+    int64_t broken = 0;
+    for (int32_t r = 0; r < runs; ++r) {
+        const size_t n = next() % 40;
+        std::vector<std::atomic<int>> hits(n);
+        const int64_t throw_at = (r % 7 == 0 && n > 0) ? static_cast<int64_t>(next() % n) : -1;
+        bool thrown = false;
+        try {
+            pool.run(n, [&](size_t i) {
+                hits[i].fetch_add(1);
+                if (static_cast<int64_t>(i) == throw_at) {
+                    throw Error("planned");
+                }
+            });
+        } catch (const Error &) {
+            thrown = true;
+        }
+        bool ok = thrown == (throw_at >= 0);
+        for (const auto & h : hits) {
+            ok = ok && h.load() == 1;
+        }
+        broken += ok ? 0 : 1;
+    }
+    return broken;
 }
 
 }  // namespace fastpar

@@ -53,4 +53,9 @@ private:
     bool stop_ = false;
 };
 
+// For tests: `runs` runs of 0 to 39 items on a pool of `n_workers`, every seventh with
+// one item that throws. Returns how many runs broke run()'s contract: an item run other
+// than once, an exception lost, or one thrown where none was.
+int64_t stress_task_pool(int32_t n_workers, int32_t runs);
+
 }  // namespace fastpar

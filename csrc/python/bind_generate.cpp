@@ -6,6 +6,7 @@
 
 #include "core/context.hpp"
 #include "core/errors.hpp"
+#include "core/pool.hpp"
 #include "core/sampling.hpp"
 #include "python/module.hpp"
 
@@ -79,6 +80,8 @@ void register_generate(py::module_ & m) {
         },
         "For tests: tokens fastpar's host sampling picks next to those llama.cpp's own chain picks "
         "(core/sampling.hpp, sample_against_llama).");
+    m.def("_stress_task_pool", &stress_task_pool, py::call_guard<py::gil_scoped_release>(),
+          "For tests: runs that broke the sampling pool's contract (core/pool.hpp, stress_task_pool).");
     py::class_<ContextParams>(m, "ContextParams", "Options of a context; defaults are fastpar's.")
         .def(py::init<>())
         .def_readwrite("n_parallel", &ContextParams::n_parallel)
