@@ -77,35 +77,50 @@ float max_of(const float * x, int32_t n) {
     return m;
 }
 
+// The largest logit of each `width`-wide block of x[0..n) (NaN counts as -inf), in this
+// thread's buffer, which the next call reuses.
+const std::vector<float> & block_maxima(const float * x, int32_t n, int32_t width) {
+    thread_local std::vector<float> maxima;
+    maxima.resize(static_cast<size_t>((n + width - 1) / width));
+    for (size_t i = 0; i < maxima.size(); ++i) {
+        const auto b = static_cast<int32_t>(i) * width;
+        const float m = max_of(x + b, std::min(width, n - b));
+        maxima[i] = m == m ? m : -INFINITY;
+    }
+    return maxima;
+}
+
 // The greedy sampler's choice: the largest logit, the lowest token id among equals.
 llama_token argmax(const LogitRow & row) {
     const float * x = row.logits;
+    const std::vector<float> & maxima = block_maxima(x, row.n, kArgmaxBlock);
     float best = -INFINITY;
-    int32_t best_block = -1;
-    for (int32_t b = 0; b < row.n; b += kArgmaxBlock) {
-        const float m = max_of(x + b, std::min(kArgmaxBlock, row.n - b));
-        if (m > best) {
-            best = m;
-            best_block = b;
+    size_t best_block = maxima.size();
+    for (size_t i = 0; i < maxima.size(); ++i) {
+        if (maxima[i] > best) {
+            best = maxima[i];
+            best_block = i;
         }
     }
-    if (best_block >= 0 && row.blocks == nullptr) {
+    if (best_block < maxima.size() && row.blocks == nullptr) {
         // Ids follow positions: the first one equal to the largest.
-        const int32_t end = std::min(best_block + kArgmaxBlock, row.n);
-        for (int32_t t = best_block; t < end; ++t) {
+        const auto b = static_cast<int32_t>(best_block) * kArgmaxBlock;
+        const int32_t end = std::min(b + kArgmaxBlock, row.n);
+        for (int32_t t = b; t < end; ++t) {
             if (x[t] == best) {
                 return t;
             }
         }
-    } else if (best_block >= 0) {
+    } else if (best_block < maxima.size()) {
         // Blocks come in no particular order: the lowest id of all equal to the largest,
         // read one logit at a time only in the blocks whose maximum it is (usually one).
         llama_token t_best = -1;
-        for (int32_t b = best_block; b < row.n; b += kArgmaxBlock) {
-            const int32_t end = std::min(b + kArgmaxBlock, row.n);
-            if (b != best_block && !(max_of(x + b, end - b) >= best)) {
+        for (size_t i = best_block; i < maxima.size(); ++i) {
+            if (maxima[i] != best) {
                 continue;
             }
+            const auto b = static_cast<int32_t>(i) * kArgmaxBlock;
+            const int32_t end = std::min(b + kArgmaxBlock, row.n);
             for (int32_t j = b; j < end; ++j) {
                 if (x[j] == best && (t_best < 0 || row.id(j) < t_best)) {
                     t_best = row.id(j);
@@ -161,15 +176,10 @@ llama_token sample_logits(llama_sampler * chain, const GenerateParams & p, const
         // maximum reaches it (k of them, more on ties) are read one logit at a time, and
         // only their logits that reach it (about k to 2k) are ranked.
         const auto k = static_cast<size_t>(p.top_k);
-        thread_local std::vector<float> maxima, scratch;
         const int32_t width = row.n >= kTopKWideRow ? kArgmaxBlock : kTopKBlock;
-        const auto n_blocks = static_cast<size_t>((row.n + width - 1) / width);
-        maxima.resize(n_blocks);
-        for (size_t i = 0; i < n_blocks; ++i) {
-            const auto b = static_cast<int32_t>(i) * width;
-            const float m = max_of(x + b, std::min(width, row.n - b));
-            maxima[i] = m == m ? m : -INFINITY;
-        }
+        const std::vector<float> & maxima = block_maxima(x, row.n, width);
+        const size_t n_blocks = maxima.size();
+        thread_local std::vector<float> scratch;
         float reach = -INFINITY;
         if (n_blocks > k) {
             scratch = maxima;
