@@ -206,15 +206,17 @@ def stage1(binary, w, sampler, threads, prompts, tmpdir):
 
 def stage2(models, w, sampler, threads, prompts, device_sampling=None):
     name, model_path, n_req, n_par, pl, gl, _ = w
+    t0 = time.perf_counter()
     ctx = fastpar.Context(models[model_path], n_parallel=n_par, n_ctx_per_seq=pl + gl + 8, n_threads=threads,
                           **({} if device_sampling is None else dict(device_sampling=device_sampling)))
+    context_s = time.perf_counter() - t0  # not in wall_s, like raw's context and warm-up run; recorded
     t0 = time.perf_counter()
     res = fastpar.generate_parallel(ctx, prompts, max_tokens=gl, ignore_eos=True, min_p=0.0, seed=42,
                                     **SAMPLERS[sampler])
     wall = time.perf_counter() - t0
     return dict(wall_s=wall, n_prompt_tokens=sum(c.n_prompt_tokens for c in res),
                 n_gen_tokens=sum(c.n_gen_tokens for c in res), failed=sum(c.finish_reason == "error" for c in res),
-                n_device_sampled=ctx.last_stats.n_device_sampled)
+                n_device_sampled=ctx.last_stats.n_device_sampled, context_s=context_s, warmed_up=ctx.warmed_up)
 
 
 def _clients(n_clients, prompts, send):

@@ -62,6 +62,7 @@ typedef struct fastpar_context_params {
     int32_t device_sampling; /* 1 cut logits down to candidates in the graph, 0 whole rows to the
                                 host, -1 auto (1 with the output layer on a GPU and >= 8 slots) */
     bool share_prefixes;     /* decode a prefix common to several prompts once */
+    int32_t warmup;          /* 1 warm-up decodes at creation, 0 none, -1 auto (1 with a layer on a GPU) */
 } fastpar_context_params;
 
 typedef struct fastpar_generate_params {

@@ -111,7 +111,8 @@ fastpar_model_params fastpar_model_default_params(void) {
 
 fastpar_context_params fastpar_context_default_params(void) {
     const fastpar::ContextParams d;
-    return {d.n_parallel, d.n_ctx_per_seq, d.n_batch, d.n_threads, d.kv_unified, d.device_sampling, d.share_prefixes};
+    return {d.n_parallel, d.n_ctx_per_seq, d.n_batch, d.n_threads, d.kv_unified, d.device_sampling, d.share_prefixes,
+            d.warmup};
 }
 
 fastpar_generate_params fastpar_generate_default_params(void) {
@@ -151,6 +152,7 @@ fastpar_status fastpar_context_new(fastpar_model * model, fastpar_context_params
         cp.kv_unified = params.kv_unified;
         cp.device_sampling = params.device_sampling;
         cp.share_prefixes = params.share_prefixes;
+        cp.warmup = params.warmup;
         auto handle = std::make_unique<fastpar_context>();
         handle->ctx = std::make_unique<fastpar::Context>(model->model, cp);
         *ctx_out = handle.release();

@@ -87,6 +87,62 @@ Context::Context(std::shared_ptr<const Model> model, const ContextParams & param
     if (device_.reducer) {
         device_.attached.assign(static_cast<size_t>(params_.n_parallel), 1);
     }
+    if (params_.warmup == 1 || (params_.warmup == -1 && model_->on_gpu())) {
+        try {
+            warm_up();
+        } catch (...) {
+            release();  // no destructor runs for a constructor that throws
+            throw;
+        }
+    }
+}
+
+void Context::warm_up() {
+    // The shapes of a call: one batch of prompt tokens from every slot (as many as one
+    // physical batch holds, one output a slot), then one token a slot with every row out,
+    // twice (llama.cpp's CUDA backend captures a graph the second time it sees it). Every
+    // slot's positions are removed afterwards; only the device's state stays.
+    const int32_t n = params_.n_parallel;
+    const int32_t n_prompt = std::min(std::max(1, std::min(params_.n_batch, kMaxUbatch) / n), n_ctx_seq_ - 2);
+    if (n_prompt < 1) {
+        return;  // a slot holds fewer than three positions: nothing call-shaped fits
+    }
+    const llama_vocab * vocab = model_->vocab();
+    const llama_token token = llama_vocab_bos(vocab) != LLAMA_TOKEN_NULL ? llama_vocab_bos(vocab) : 0;
+    auto decode = [&](int32_t n_tokens, llama_pos pos0) {
+        batch_.n_tokens = 0;
+        for (int32_t seq = 0; seq < n; ++seq) {
+            for (int32_t j = 0; j < n_tokens; ++j) {
+                const int32_t i = batch_.n_tokens++;
+                batch_.token[i] = token;
+                batch_.pos[i] = pos0 + j;
+                batch_.n_seq_id[i] = 1;
+                batch_.seq_id[i][0] = seq;
+                batch_.logits[i] = j == n_tokens - 1;
+            }
+        }
+        if (device_.reducer) {
+            device_.reducer->expect(batch_, true);
+        }
+        clear_last_llama_error();
+        const int32_t rc = llama_decode(ctx_, batch_);
+        if (rc != 0) {
+            const std::string why = last_llama_error();
+            throw Error("llama.cpp failed the warm-up decode of a new context (n_parallel=" + std::to_string(n) +
+                        ", code " + std::to_string(rc) + (why.empty() ? std::string() : ": " + why) +
+                        "); warmup=False skips it");
+        }
+    };
+    decode(n_prompt, 0);
+    decode(1, n_prompt);
+    decode(1, n_prompt + 1);
+    llama_synchronize(ctx_);
+    llama_memory_t mem = llama_get_memory(ctx_);
+    for (int32_t seq = 0; seq < n; ++seq) {
+        llama_memory_seq_rm(mem, seq, -1, -1);
+    }
+    batch_.n_tokens = 0;
+    warmed_up_ = true;
 }
 
 bool Context::device_sampling() const {
@@ -96,8 +152,11 @@ bool Context::device_sampling() const {
     return wanted && LogitReducer::block_for(model_->n_vocab()) > 0;
 }
 
-Context::~Context() {
+Context::~Context() { release(); }
+
+void Context::release() {
     llama_batch_free(batch_);
+    batch_ = llama_batch{};
     if (ctx_ != nullptr) {
         for (size_t seq = 0; seq < device_.attached.size(); ++seq) {
             if (device_.attached[seq]) {
@@ -105,6 +164,7 @@ Context::~Context() {
             }
         }
         llama_free(ctx_);  // before device_.reducer, whose chains it may still point to
+        ctx_ = nullptr;
     }
 }
 

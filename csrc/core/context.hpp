@@ -55,9 +55,14 @@ public:
     // asks for it (or, auto, the output layer runs on a GPU) and the vocabulary splits
     // into blocks.
     bool device_sampling() const;
+    // Whether creation ran the warm-up decodes (ContextParams::warmup; auto: any layer on a GPU).
+    bool warmed_up() const { return warmed_up_; }
     const std::shared_ptr<const Model> & model() const { return model_; }
 
 private:
+    void warm_up();
+    void release();  // frees the llama.cpp context and batch (the destructor's work)
+
     std::shared_ptr<const Model> model_;
     ContextParams params_;
     llama_context * ctx_ = nullptr;
@@ -72,6 +77,7 @@ private:
     // Device sampling's reducer and which slots have it attached, kept across calls;
     // ~Context detaches them before it frees ctx_.
     DeviceSampling device_;
+    bool warmed_up_ = false;
 };
 
 }  // namespace fastpar

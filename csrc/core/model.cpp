@@ -45,6 +45,7 @@ Model::Model(const std::string & path, const ModelParams & params) : path_(path)
     // llama.cpp offloads the output layer once n_gpu_layers exceeds the repeating layers.
     output_on_gpu_ = llama_supports_gpu_offload() &&
                      (params.n_gpu_layers < 0 || params.n_gpu_layers > llama_model_n_layer(model_));
+    on_gpu_ = llama_supports_gpu_offload() && params.n_gpu_layers != 0;
 }
 
 Model::~Model() {

@@ -28,6 +28,8 @@ public:
     bool has_chat_template() const { return chat_template_ != nullptr; }
     // True when every layer and the output layer run on a GPU (n_gpu_layers covers them all).
     bool output_on_gpu() const { return output_on_gpu_; }
+    // True when any layer runs on a GPU (n_gpu_layers != 0 in a GPU build).
+    bool on_gpu() const { return on_gpu_; }
 
     // Tokens of `text`, with the vocabulary's BOS/EOS rules and special tokens parsed.
     std::vector<llama_token> tokenize(const std::string & text) const;
@@ -43,6 +45,7 @@ private:
     const llama_vocab * vocab_ = nullptr;
     const char * chat_template_ = nullptr;
     bool output_on_gpu_ = false;
+    bool on_gpu_ = false;
 };
 
 // The backend this library was compiled for: "cpu", "cuda" or "metal".

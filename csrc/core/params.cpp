@@ -56,6 +56,9 @@ void validate(const ContextParams & p) {
     if (p.device_sampling < -1 || p.device_sampling > 1) {
         bad("device_sampling must be -1 (auto), 0 (host) or 1 (GPU), got " + std::to_string(p.device_sampling));
     }
+    if (p.warmup < -1 || p.warmup > 1) {
+        bad("warmup must be -1 (auto), 0 (off) or 1 (on), got " + std::to_string(p.warmup));
+    }
     if (p.n_threads < 0) {
         bad("n_threads must be 0 (one per hardware thread) or positive, got " + std::to_string(p.n_threads));
     }

@@ -36,6 +36,12 @@ struct ContextParams {
     // Prompts that start with the same tokens (at least kMinSharedPrefix of them) decode
     // that prefix once: the other slots copy it from the first one's KV cache.
     bool share_prefixes = true;
+    // 1 = run a few decodes at creation, shaped like a call's (a prompt batch, then one
+    // token a slot twice), and remove what they left in each slot, so that the first call
+    // does not pay for the device's first use of this context (on a GPU: its memory pool
+    // growing, library handles, graphs); 0 = don't; -1 = auto: 1 when any layer runs on a
+    // GPU, else 0 (on the CPU a first call costs no more than later ones).
+    int32_t warmup = -1;
 };
 
 // Shorter common prefixes are decoded by every prompt (copying costs more than it saves).

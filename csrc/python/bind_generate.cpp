@@ -90,7 +90,8 @@ void register_generate(py::module_ & m) {
         .def_readwrite("n_threads", &ContextParams::n_threads)
         .def_readwrite("kv_unified", &ContextParams::kv_unified)
         .def_readwrite("device_sampling", &ContextParams::device_sampling)
-        .def_readwrite("share_prefixes", &ContextParams::share_prefixes);
+        .def_readwrite("share_prefixes", &ContextParams::share_prefixes)
+        .def_readwrite("warmup", &ContextParams::warmup);
 
     py::class_<GenerateParams>(m, "GenerateParams", "Options of a generate call; defaults are fastpar's.")
         .def(py::init<>())
@@ -163,7 +164,8 @@ void register_generate(py::module_ & m) {
         .def_property_readonly("n_batch", [](const Context & c) { return c.params().n_batch; })
         .def_property_readonly("kv_unified", [](const Context & c) { return c.params().kv_unified; })
         .def_property_readonly("device_sampling", &Context::device_sampling)
-        .def_property_readonly("share_prefixes", [](const Context & c) { return c.params().share_prefixes; });
+        .def_property_readonly("share_prefixes", [](const Context & c) { return c.params().share_prefixes; })
+        .def_property_readonly("warmed_up", &Context::warmed_up);
 }
 
 }  // namespace fastpar::python

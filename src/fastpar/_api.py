@@ -110,17 +110,22 @@ class Context:
     ``share_prefixes`` (default ``True``): prompts that begin with the same 16 tokens or
     more decode that common prefix once; the other slots copy it from the first one's KV
     cache (``n_prompt_tokens_shared`` in the completions and statistics counts them).
+    ``warmup``: ``True`` runs a few call-shaped decodes at creation and removes what they
+    left in every slot, so that the first call does not pay for the device's first use of
+    this context; ``False`` skips them; ``None`` (default) is auto: ``True`` when any layer
+    runs on a GPU (where a first call was measured slower than later ones), else ``False``.
     """
 
     def __init__(self, model: Model, *, n_parallel: int = _CONTEXT_DEFAULTS.n_parallel,
                  n_ctx_per_seq: int = _CONTEXT_DEFAULTS.n_ctx_per_seq, n_batch: Optional[int] = None,
                  n_threads: Optional[int] = None, kv_unified: bool = _CONTEXT_DEFAULTS.kv_unified,
                  device_sampling: Optional[bool] = None,
-                 share_prefixes: bool = _CONTEXT_DEFAULTS.share_prefixes) -> None:
+                 share_prefixes: bool = _CONTEXT_DEFAULTS.share_prefixes,
+                 warmup: Optional[bool] = None) -> None:
         if not isinstance(model, Model):
             raise TypeError(f"model must be a fastpar.Model, got {type(model).__name__}")
         params = _context_params(n_parallel, n_ctx_per_seq, n_batch, n_threads, kv_unified, device_sampling,
-                                 share_prefixes)
+                                 share_prefixes, warmup)
         self.model = model
         self._ctx = _core.Context(model._model, params)
 
@@ -150,6 +155,11 @@ class Context:
         return self._ctx.share_prefixes
 
     @property
+    def warmed_up(self) -> bool:
+        """Whether creation ran the warm-up decodes (``warmup`` above)."""
+        return self._ctx.warmed_up
+
+    @property
     def last_stats(self) -> _core.Stats:
         """Statistics of the last ``generate_parallel`` call on this context (zeros before any)."""
         return self._ctx.last_stats
@@ -165,7 +175,8 @@ class Context:
 
 def _context_params(n_parallel: object, n_ctx_per_seq: object, n_batch: object, n_threads: object,
                     kv_unified: object, device_sampling: object = None,
-                    share_prefixes: object = _CONTEXT_DEFAULTS.share_prefixes) -> _core.ContextParams:
+                    share_prefixes: object = _CONTEXT_DEFAULTS.share_prefixes,
+                    warmup: object = None) -> _core.ContextParams:
     params = _core.ContextParams()
     params.n_parallel = _int("n_parallel", n_parallel)
     params.n_ctx_per_seq = _int("n_ctx_per_seq", n_ctx_per_seq)
@@ -177,6 +188,7 @@ def _context_params(n_parallel: object, n_ctx_per_seq: object, n_batch: object, 
     params.kv_unified = _bool("kv_unified", kv_unified)
     params.device_sampling = -1 if device_sampling is None else int(_bool("device_sampling", device_sampling))
     params.share_prefixes = _bool("share_prefixes", share_prefixes)
+    params.warmup = -1 if warmup is None else int(_bool("warmup", warmup))
     return params
 
 

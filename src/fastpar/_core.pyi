@@ -35,6 +35,7 @@ class ContextParams:
     kv_unified: bool
     device_sampling: int
     share_prefixes: bool
+    warmup: int
     def __init__(self) -> None: ...
 
 class GenerateParams:
@@ -156,6 +157,8 @@ class Context:
     def device_sampling(self) -> bool: ...
     @property
     def share_prefixes(self) -> bool: ...
+    @property
+    def warmed_up(self) -> bool: ...
 
 class EngineStats:
     @property

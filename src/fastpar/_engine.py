@@ -67,11 +67,12 @@ class Engine:
                  n_threads: Optional[int] = None, kv_unified: bool = _CONTEXT_DEFAULTS.kv_unified,
                  device_sampling: Optional[bool] = None,
                  share_prefixes: bool = _CONTEXT_DEFAULTS.share_prefixes,
+                 warmup: Optional[bool] = None,
                  max_queued: int = DEFAULT_MAX_QUEUED) -> None:
         if not isinstance(model, Model):
             raise TypeError(f"model must be a fastpar.Model, got {type(model).__name__}")
         params = _context_params(n_parallel, n_ctx_per_seq, n_batch, n_threads, kv_unified, device_sampling,
-                                 share_prefixes)
+                                 share_prefixes, warmup)
         if isinstance(max_queued, bool) or not isinstance(max_queued, int):
             raise TypeError(f"max_queued must be an int, got {type(max_queued).__name__}")
         if max_queued < 0:
