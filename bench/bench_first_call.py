@@ -5,8 +5,9 @@ decodes at creation (Context(warmup=...)).
 
 The GPU table's workload (bench/run.py): one prompt of 32 tokens a slot, 50 new tokens
 each (ignore_eos), greedy and typical. For every repetition and setting, in turn: make a
-Context (timed: this includes the warm-up), then time three calls on it. Prints medians
-over the repetitions: creation, call 1, call 2, call 3, and call 1 / call 3.
+Context (timed: this includes the warm-up), then time three calls on it. Prints each
+Context's row as it comes (creation, call 1, 2, 3), then medians over the repetitions and
+call 1 / call 3.
 """
 
 from __future__ import annotations
@@ -51,6 +52,9 @@ def main() -> int:
                         row.append(time.perf_counter() - t0)
                     times[warmup].append(row)
                     del ctx
+                    # Each Context as it comes too: whether later ones in a process run slower.
+                    print(f"  context {len(times[False]) + len(times[True])} warmup={str(warmup):5s}: "
+                          + " ".join(f"{x * 1e3:7.1f}" for x in row) + " ms", flush=True)
             for warmup, rows in times.items():
                 med = [statistics.median(col) * 1e3 for col in zip(*rows)]
                 print(f"n_parallel={n_par} {sampler:7s} warmup={str(warmup):5s}: create {med[0]:7.1f} ms | calls "
