@@ -38,9 +38,9 @@ struct ContextParams {
     bool share_prefixes = true;
     // 1 = run a few decodes at creation, shaped like a call's (a prompt batch, then one
     // token a slot twice), and remove what they left in each slot, so that the first call
-    // does not pay for the device's first use of this context (on a GPU: its memory pool
-    // growing, library handles, graphs); 0 = don't; -1 = auto: 1 when any layer runs on a
-    // GPU, else 0 (on the CPU a first call costs no more than later ones).
+    // does not pay for the device's first use of this context (on a GPU, costs such as its
+    // memory pool growing, library handles, graph captures); 0 = don't; -1 = auto: 1 when
+    // any layer runs on a GPU, else 0 (on the CPU a first call costs no more than later ones).
     int32_t warmup = -1;
 };
 
