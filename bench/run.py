@@ -548,7 +548,9 @@ def main() -> int:
             key = f"{name}|{sampler}"
             per_stage = results[key] = {}  # a rerun replaces, never mixes with, older runs
             for rep in range(args.reps):  # interleaved: drift hits every stage alike
-                for st in stages:
+                # Each repetition starts one stage later, so that no stage always runs right
+                # after the same other one (a stage's place in the order could cost it).
+                for st in stages[rep % len(stages):] + stages[:rep % len(stages)]:
                     if st == 0:
                         if rep not in raw:
                             raw[rep] = stage0(tools, w, sampler, args.threads)
