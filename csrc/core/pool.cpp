@@ -61,19 +61,13 @@ void TaskPool::work() {
 
 void TaskPool::run(size_t n, const std::function<void(size_t)> & fn) {
     if (workers_.empty() || n < 2) {
-        // Every item still runs when one throws, as on the workers.
-        std::exception_ptr error;
-        for (size_t i = 0; i < n; ++i) {
-            try {
-                fn(i);
-            } catch (...) {
-                if (!error) {
-                    error = std::current_exception();
-                }
-            }
-        }
-        if (error) {
-            std::rethrow_exception(error);
+        // On this thread alone, through the same drain: every item still runs when one throws.
+        Job job;
+        job.fn = &fn;
+        job.n = n;
+        drain(job);
+        if (job.error) {
+            std::rethrow_exception(job.error);
         }
         return;
     }
