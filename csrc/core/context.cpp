@@ -113,12 +113,7 @@ void Context::warm_up() {
         batch_.n_tokens = 0;
         for (int32_t seq = 0; seq < n; ++seq) {
             for (int32_t j = 0; j < n_tokens; ++j) {
-                const int32_t i = batch_.n_tokens++;
-                batch_.token[i] = token;
-                batch_.pos[i] = pos0 + j;
-                batch_.n_seq_id[i] = 1;
-                batch_.seq_id[i][0] = seq;
-                batch_.logits[i] = j == n_tokens - 1;
+                batch_add(batch_, token, pos0 + j, seq, j == n_tokens - 1);
             }
         }
         if (device_.reducer) {

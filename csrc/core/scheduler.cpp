@@ -405,32 +405,25 @@ void Scheduler::decode_group(std::vector<Slot *> group) {
     std::sort(group.begin(), group.end(), [](const Slot * a, const Slot * b) { return a->seq < b->seq; });
     batch_.n_tokens = 0;
     int64_t n_prompt_tokens = 0, n_gen_tokens = 0, n_padding = 0;
-    auto add = [this](llama_token token, llama_pos pos, llama_seq_id seq, bool logits) {
-        const int32_t i = batch_.n_tokens++;
-        batch_.token[i] = token;
-        batch_.pos[i] = pos;
-        batch_.n_seq_id[i] = 1;
-        batch_.seq_id[i][0] = seq;
-        batch_.logits[i] = logits;
-        return i;
-    };
     for (Slot * s : group) {
         s->i_logits = -1;
         if (s->pad) {
-            add(0, s->n_past, s->seq, false);  // any token: its KV entry is removed after the call
+            // Any token: its KV entry is removed after the call.
+            batch_add(batch_, 0, s->n_past, s->seq, false);
             ++n_padding;
         } else if (s->prefilling()) {
             const bool last_chunk = s->n_fed + static_cast<size_t>(s->n_plan) == s->prompt.size();
             for (int32_t j = 0; j < s->n_plan; ++j) {
                 const bool logits = last_chunk && j == s->n_plan - 1;
-                const int32_t i = add(s->prompt[s->n_fed + static_cast<size_t>(j)], s->n_past + j, s->seq, logits);
+                const llama_token token = s->prompt[s->n_fed + static_cast<size_t>(j)];
+                const int32_t i = batch_add(batch_, token, s->n_past + j, s->seq, logits);
                 if (logits) {
                     s->i_logits = i;
                 }
             }
             n_prompt_tokens += s->n_plan;
         } else {
-            s->i_logits = add(s->pending, s->n_past, s->seq, true);
+            s->i_logits = batch_add(batch_, s->pending, s->n_past, s->seq, true);
             ++n_gen_tokens;
         }
     }

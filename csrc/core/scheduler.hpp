@@ -47,6 +47,17 @@ struct DeviceSampling {
     std::vector<char> attached;  // [seq]
 };
 
+// Appends one token of one sequence to `batch` (which has room for it); returns its index.
+inline int32_t batch_add(llama_batch & batch, llama_token token, llama_pos pos, llama_seq_id seq, bool logits) {
+    const int32_t i = batch.n_tokens++;
+    batch.token[i] = token;
+    batch.pos[i] = pos;
+    batch.n_seq_id[i] = 1;
+    batch.seq_id[i][0] = seq;
+    batch.logits[i] = logits;
+    return i;
+}
+
 class Scheduler {
 public:
     // `batch` must hold at least n_batch tokens; `n_ctx_seq` is what one sequence may use.
