@@ -170,13 +170,36 @@ def peer_python() -> str:
 
 # ----------------------------------------------------------------------------- stages
 
+def runs() -> int:
+    """How many times a stage runs its workload on one context, the last one counting: twice
+    on a GPU, as stage 0 does in one llama-batched-bench process (the first run of a context
+    pays first-use costs there: kernels loaded, CUDA graphs captured, memory pools grown);
+    once on the CPU, where a first run costs no more. The first run's time is kept beside
+    (`first_wall_s`) and shown in its own column."""
+    return 2 if Target.gpu else 1
+
+
+def timed(fn):
+    """Runs fn() runs() times -> (the last run's wall seconds and result, the first run's wall seconds or None)."""
+    walls = []
+    for _ in range(runs()):
+        t0 = time.perf_counter()
+        out = fn()
+        walls.append(time.perf_counter() - t0)
+    return walls[-1], out, (walls[0] if len(walls) > 1 else None)
+
+
+def with_first(r: dict, first_wall) -> dict:
+    if first_wall is not None:
+        r["first_wall_s"] = first_wall
+    return r
+
+
 def stage0(tools, w, sampler, threads):
     name, model_path, n_req, n_par, pl, gl, shared = w
-    # On a GPU the workload runs twice in one process and the second run counts: the
-    # fastpar stages run in a warm process (kernels loaded, CUDA graphs captured), and a
-    # fresh process pays that in its first run (bench/README.md has the numbers). On the
-    # CPU a first run costs no more than a second one, so it runs once.
-    npl = f"{n_par},{n_par}" if Target.gpu else str(n_par)
+    # On a GPU the workload runs twice in one process (one context) and the second run
+    # counts, like every stage's (runs()); bench/README.md has the first runs' costs.
+    npl = ",".join([str(n_par)] * runs())
     cmd = [tools["llama-batched-bench"], "-m", model_path, "-c", str(n_par * (pl + gl + 16)), "-b", "512",
            "-ub", "512", "-npp", str(pl), "-ntg", str(gl), "-npl", npl, "-t", str(threads), "-no-kvu"]
     if Target.gpu:
@@ -184,13 +207,15 @@ def stage0(tools, w, sampler, threads):
     if shared:
         cmd = [c for c in cmd if c != "-no-kvu"] + ["-pps", "-kvu"]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
-    row = [ln for ln in out.splitlines() if ln.startswith("|") and ln.split("|")[1].strip().isdigit()][-1]
-    cells = [c.strip() for c in row.strip("|").split("|")]
-    t_total = float(cells[8])
+    rows = [ln for ln in out.splitlines() if ln.startswith("|") and ln.split("|")[1].strip().isdigit()]
+    t_total = [float([c.strip() for c in row.strip("|").split("|")][8]) for row in rows]
     # One wave of n_par sequences; n_req / n_par such waves take proportionally longer.
     waves = n_req / n_par
     n_prompt = (pl if shared else n_par * pl) * waves
-    return dict(wall_s=t_total * waves, n_prompt_tokens=n_prompt, n_gen_tokens=n_par * gl * waves)
+    r = dict(wall_s=t_total[-1] * waves, n_prompt_tokens=n_prompt, n_gen_tokens=n_par * gl * waves)
+    if len(t_total) > 1:
+        r["first_wall_s"] = t_total[0] * waves
+    return r
 
 
 def stage1(binary, w, sampler, threads, prompts, tmpdir):
@@ -199,7 +224,7 @@ def stage1(binary, w, sampler, threads, prompts, tmpdir):
     pfile.write_text("\n".join(prompts) + "\n")
     s = SAMPLERS[sampler]
     out = subprocess.run([binary, model_path, str(pfile), str(n_par), str(pl + gl + 8), str(gl), str(s["temperature"]),
-                          str(s["top_k"]), str(s["top_p"]), str(threads), str(Target.n_gpu_layers)],
+                          str(s["top_k"]), str(s["top_p"]), str(threads), str(Target.n_gpu_layers), str(runs())],
                          capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -209,14 +234,14 @@ def stage2(models, w, sampler, threads, prompts, device_sampling=None):
     t0 = time.perf_counter()
     ctx = fastpar.Context(models[model_path], n_parallel=n_par, n_ctx_per_seq=pl + gl + 8, n_threads=threads,
                           **({} if device_sampling is None else dict(device_sampling=device_sampling)))
-    context_s = time.perf_counter() - t0  # not in wall_s, like raw's context and warm-up run; recorded
-    t0 = time.perf_counter()
-    res = fastpar.generate_parallel(ctx, prompts, max_tokens=gl, ignore_eos=True, min_p=0.0, seed=42,
-                                    **SAMPLERS[sampler])
-    wall = time.perf_counter() - t0
-    return dict(wall_s=wall, n_prompt_tokens=sum(c.n_prompt_tokens for c in res),
-                n_gen_tokens=sum(c.n_gen_tokens for c in res), failed=sum(c.finish_reason == "error" for c in res),
-                n_device_sampled=ctx.last_stats.n_device_sampled, context_s=context_s, warmed_up=ctx.warmed_up)
+    context_s = time.perf_counter() - t0  # not in wall_s, like raw's context creation; recorded
+    wall, res, first = timed(lambda: fastpar.generate_parallel(ctx, prompts, max_tokens=gl, ignore_eos=True, min_p=0.0,
+                                                               seed=42, **SAMPLERS[sampler]))
+    return with_first(dict(wall_s=wall, n_prompt_tokens=sum(c.n_prompt_tokens for c in res),
+                           n_gen_tokens=sum(c.n_gen_tokens for c in res),
+                           failed=sum(c.finish_reason == "error" for c in res),
+                           n_device_sampled=ctx.last_stats.n_device_sampled, context_s=context_s,
+                           warmed_up=ctx.warmed_up), first)
 
 
 def _clients(n_clients, prompts, send):
@@ -253,8 +278,8 @@ def stage3(models, w, sampler, threads, prompts):
             return c.n_prompt_tokens, c.n_gen_tokens
 
         # 8 client threads, or one per slot where there are more slots: fewer would leave slots idle.
-        wall, (n_prompt, n_gen) = _clients(max(8, n_par), prompts, send)
-    return dict(wall_s=wall, n_prompt_tokens=n_prompt, n_gen_tokens=n_gen)
+        _, (wall, (n_prompt, n_gen)), first = timed(lambda: _clients(max(8, n_par), prompts, send))
+    return with_first(dict(wall_s=wall, n_prompt_tokens=n_prompt, n_gen_tokens=n_gen), first)
 
 
 class Server:
@@ -304,8 +329,8 @@ def stage4(tools, w, sampler, threads, prompts, servers):
     if name not in servers:
         servers[name] = Server(tools["llama-server"], model_path, n_par, pl + gl + 8, threads)
     server = servers[name]
-    wall, (n_prompt, n_gen) = _clients(n_par, prompts, lambda p: server.complete(p, gl, sampler))
-    return dict(wall_s=wall, n_prompt_tokens=n_prompt, n_gen_tokens=n_gen)
+    _, (wall, (n_prompt, n_gen)), first = timed(lambda: _clients(n_par, prompts, lambda p: server.complete(p, gl, sampler)))
+    return with_first(dict(wall_s=wall, n_prompt_tokens=n_prompt, n_gen_tokens=n_gen), first)
 
 
 class Transformers:
@@ -350,7 +375,8 @@ class Transformers:
 
 def stage6(peer, w, sampler):
     name, model_path, n_req, n_par, pl, gl, _ = w
-    return peer.run(n_par, pl, gl, sampler)
+    first = peer.run(n_par, pl, gl, sampler) if runs() > 1 else None
+    return with_first(peer.run(n_par, pl, gl, sampler), first and first["wall_s"])
 
 
 PEER_SCRIPT = r"""
@@ -391,13 +417,20 @@ def summarise(runs):
     """runs: list of dicts -> medians of wall, gen tok/s and total tok/s."""
     gen = statistics.median(r["n_gen_tokens"] / r["wall_s"] for r in runs)
     total = statistics.median((r["n_gen_tokens"] + r["n_prompt_tokens"]) / r["wall_s"] for r in runs)
-    return dict(gen_tok_s=gen, total_tok_s=total, wall_s=statistics.median(r["wall_s"] for r in runs))
+    out = dict(gen_tok_s=gen, total_tok_s=total, wall_s=statistics.median(r["wall_s"] for r in runs))
+    if all("first_wall_s" in r for r in runs):
+        out["first_gen_tok_s"] = statistics.median(r["n_gen_tokens"] / r["first_wall_s"] for r in runs)
+    return out
 
 
 def markdown(results, stages):
+    # Where the stages ran their workload twice on one context (a GPU, runs()), the first
+    # run's numbers get two more columns.
+    first_runs = any("first_gen_tok_s" in st.get("summary", {}) for r in results.values() for st in r.values())
     lines = ["| workload | sampler | stage | gen tok/s | total tok/s | ratio to stage 0 (gen) | "
-             "ratio to stage 0 (total) |",
-             "|---|---|---|---:|---:|---:|---:|"]
+             "ratio to stage 0 (total) |" + (" first run: gen tok/s | first run: ratio to stage 0's (gen) |"
+                                            if first_runs else ""),
+             "|---|---|---|---:|---:|---:|---:|" + ("---:|---:|" if first_runs else "")]
     for key, per_stage in results.items():
         wname, sampler = key.split("|")
         base = per_stage.get("0", {}).get("summary", {})
@@ -407,8 +440,13 @@ def markdown(results, stages):
                 continue
             gen = f"{s['gen_tok_s'] / base['gen_tok_s']:.2f}" if base else "-"
             total = f"{s['total_tok_s'] / base['total_tok_s']:.2f}" if base else "-"
-            lines.append(f"| {wname} | {sampler} | {st}: {STAGES[st]} | {s['gen_tok_s']:.1f} | "
-                         f"{s['total_tok_s']:.1f} | {gen} | {total} |")
+            line = f"| {wname} | {sampler} | {st}: {STAGES[st]} | {s['gen_tok_s']:.1f} | {s['total_tok_s']:.1f} | {gen} | {total} |"
+            if first_runs:
+                first = f"{s['first_gen_tok_s']:.1f}" if "first_gen_tok_s" in s else "-"
+                ratio = (f"{s['first_gen_tok_s'] / base['first_gen_tok_s']:.2f}"
+                         if "first_gen_tok_s" in s and "first_gen_tok_s" in base else "-")
+                line += f" {first} | {ratio} |"
+            lines.append(line)
     return "\n".join(lines) + "\n"
 
 
