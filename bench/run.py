@@ -583,9 +583,15 @@ def main() -> int:
         servers: dict = {}
         raw: dict = {}  # stage 0 never samples: one run per repetition serves both samplers
         for sampler in samplers:
-            key = f"{name}|{sampler}"
-            per_stage = results[key] = {}  # a rerun replaces, never mixes with, older runs
-            for rep in range(args.reps):  # interleaved: drift hits every stage alike
+            results[f"{name}|{sampler}"] = {}  # a rerun replaces, never mixes with, older runs
+        # Interleaved: every repetition runs every sampler's stages, so that drift hits every
+        # stage alike, and the raw run a repetition shares between samplers is measured
+        # beside both (with the samplers outside, typical's rows were divided by raw runs
+        # made minutes before them, during greedy's).
+        for rep in range(args.reps):
+            for sampler in samplers:
+                key = f"{name}|{sampler}"
+                per_stage = results[key]
                 # Each repetition starts one stage later, so that no stage always runs right
                 # after the same other one (a stage's place in the order could cost it).
                 for st in stages[rep % len(stages):] + stages[:rep % len(stages)]:
@@ -612,9 +618,10 @@ def main() -> int:
                     per_stage.setdefault(str(st), {"runs": []})["runs"].append(r)
                     print(f"{key} rep {rep} stage {st}: {r['n_gen_tokens'] / r['wall_s']:.1f} gen tok/s, "
                           f"{(r['n_gen_tokens'] + r['n_prompt_tokens']) / r['wall_s']:.1f} tok/s", flush=True)
-            for st_result in per_stage.values():
+        for sampler in samplers:
+            for st_result in results[f"{name}|{sampler}"].values():
                 st_result["summary"] = summarise(st_result["runs"])
-            table = write()  # after every workload: a long run interrupted keeps what it measured
+        table = write()  # after every workload: a long run interrupted keeps what it measured
         for server in servers.values():
             server.close()
 
