@@ -72,6 +72,7 @@ class Target:
     gpu = False
     n_gpu_layers = 0
     baselines = BASELINES
+    later_runs = 3  # on a GPU, the runs after the first on one context (n_runs())
 SAMPLERS = {
     "greedy": dict(temperature=0.0, top_k=0, top_p=1.0),
     "typical": dict(temperature=0.8, top_k=40, top_p=0.95),
@@ -170,36 +171,40 @@ def peer_python() -> str:
 
 # ----------------------------------------------------------------------------- stages
 
-def runs() -> int:
-    """How many times a stage runs its workload on one context, the last one counting: twice
-    on a GPU, as stage 0 does in one llama-batched-bench process (the first run of a context
-    pays first-use costs there: kernels loaded, CUDA graphs captured, memory pools grown);
-    once on the CPU, where a first run costs no more. The first run's time is kept beside
-    (`first_wall_s`) and shown in its own column."""
-    return 2 if Target.gpu else 1
+def n_runs() -> int:
+    """How many times a stage runs its workload on one context: on a GPU once, then
+    Target.later_runs more, which count (their median); the first run of a context pays
+    first-use costs there (kernels loaded, CUDA graphs captured, memory pools grown), in
+    raw llama.cpp's process as in a fastpar Context. On the CPU once, which counts: a first
+    run costs no more there. The first run's time is kept beside (`first_wall_s`, its own
+    columns), and every run's in `walls_s`."""
+    return 1 + Target.later_runs if Target.gpu else 1
+
+
+def counted(walls: list, r: dict) -> dict:
+    """r with wall_s = the median of the runs that count (all but the first when there are
+    several), first_wall_s and walls_s."""
+    r["wall_s"] = statistics.median(walls[1:] if len(walls) > 1 else walls)
+    r["walls_s"] = walls
+    if len(walls) > 1:
+        r["first_wall_s"] = walls[0]
+    return r
 
 
 def timed(fn):
-    """Runs fn() runs() times -> (the last run's wall seconds and result, the first run's wall seconds or None)."""
+    """Runs fn() n_runs() times -> (every run's wall seconds, the last run's result)."""
     walls = []
-    for _ in range(runs()):
+    for _ in range(n_runs()):
         t0 = time.perf_counter()
         out = fn()
         walls.append(time.perf_counter() - t0)
-    return walls[-1], out, (walls[0] if len(walls) > 1 else None)
-
-
-def with_first(r: dict, first_wall) -> dict:
-    if first_wall is not None:
-        r["first_wall_s"] = first_wall
-    return r
+    return walls, out
 
 
 def stage0(tools, w, sampler, threads):
     name, model_path, n_req, n_par, pl, gl, shared = w
-    # On a GPU the workload runs twice in one process (one context) and the second run
-    # counts, like every stage's (runs()); bench/README.md has the first runs' costs.
-    npl = ",".join([str(n_par)] * runs())
+    # Every run in one process (one context), like every stage's (n_runs()).
+    npl = ",".join([str(n_par)] * n_runs())
     cmd = [tools["llama-batched-bench"], "-m", model_path, "-c", str(n_par * (pl + gl + 16)), "-b", "512",
            "-ub", "512", "-npp", str(pl), "-ntg", str(gl), "-npl", npl, "-t", str(threads), "-no-kvu"]
     if Target.gpu:
@@ -212,10 +217,7 @@ def stage0(tools, w, sampler, threads):
     # One wave of n_par sequences; n_req / n_par such waves take proportionally longer.
     waves = n_req / n_par
     n_prompt = (pl if shared else n_par * pl) * waves
-    r = dict(wall_s=t_total[-1] * waves, n_prompt_tokens=n_prompt, n_gen_tokens=n_par * gl * waves)
-    if len(t_total) > 1:
-        r["first_wall_s"] = t_total[0] * waves
-    return r
+    return counted([t * waves for t in t_total], dict(n_prompt_tokens=n_prompt, n_gen_tokens=n_par * gl * waves))
 
 
 def stage1(binary, w, sampler, threads, prompts, tmpdir):
@@ -224,9 +226,10 @@ def stage1(binary, w, sampler, threads, prompts, tmpdir):
     pfile.write_text("\n".join(prompts) + "\n")
     s = SAMPLERS[sampler]
     out = subprocess.run([binary, model_path, str(pfile), str(n_par), str(pl + gl + 8), str(gl), str(s["temperature"]),
-                          str(s["top_k"]), str(s["top_p"]), str(threads), str(Target.n_gpu_layers), str(runs())],
+                          str(s["top_k"]), str(s["top_p"]), str(threads), str(Target.n_gpu_layers), str(n_runs())],
                          capture_output=True, text=True, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    return counted(r.pop("walls_s"), r)
 
 
 def stage2(models, w, sampler, threads, prompts, device_sampling=None):
@@ -235,13 +238,13 @@ def stage2(models, w, sampler, threads, prompts, device_sampling=None):
     ctx = fastpar.Context(models[model_path], n_parallel=n_par, n_ctx_per_seq=pl + gl + 8, n_threads=threads,
                           **({} if device_sampling is None else dict(device_sampling=device_sampling)))
     context_s = time.perf_counter() - t0  # not in wall_s, like raw's context creation; recorded
-    wall, res, first = timed(lambda: fastpar.generate_parallel(ctx, prompts, max_tokens=gl, ignore_eos=True, min_p=0.0,
-                                                               seed=42, **SAMPLERS[sampler]))
-    return with_first(dict(wall_s=wall, n_prompt_tokens=sum(c.n_prompt_tokens for c in res),
-                           n_gen_tokens=sum(c.n_gen_tokens for c in res),
-                           failed=sum(c.finish_reason == "error" for c in res),
-                           n_device_sampled=ctx.last_stats.n_device_sampled, context_s=context_s,
-                           warmed_up=ctx.warmed_up), first)
+    walls, res = timed(lambda: fastpar.generate_parallel(ctx, prompts, max_tokens=gl, ignore_eos=True, min_p=0.0,
+                                                         seed=42, **SAMPLERS[sampler]))
+    return counted(walls, dict(n_prompt_tokens=sum(c.n_prompt_tokens for c in res),
+                               n_gen_tokens=sum(c.n_gen_tokens for c in res),
+                               failed=sum(c.finish_reason == "error" for c in res),
+                               n_device_sampled=ctx.last_stats.n_device_sampled, context_s=context_s,
+                               warmed_up=ctx.warmed_up))
 
 
 def _clients(n_clients, prompts, send):
@@ -278,8 +281,8 @@ def stage3(models, w, sampler, threads, prompts):
             return c.n_prompt_tokens, c.n_gen_tokens
 
         # 8 client threads, or one per slot where there are more slots: fewer would leave slots idle.
-        _, (wall, (n_prompt, n_gen)), first = timed(lambda: _clients(max(8, n_par), prompts, send))
-    return with_first(dict(wall_s=wall, n_prompt_tokens=n_prompt, n_gen_tokens=n_gen), first)
+        walls, (_, (n_prompt, n_gen)) = timed(lambda: _clients(max(8, n_par), prompts, send))
+    return counted(walls, dict(n_prompt_tokens=n_prompt, n_gen_tokens=n_gen))
 
 
 class Server:
@@ -329,8 +332,8 @@ def stage4(tools, w, sampler, threads, prompts, servers):
     if name not in servers:
         servers[name] = Server(tools["llama-server"], model_path, n_par, pl + gl + 8, threads)
     server = servers[name]
-    _, (wall, (n_prompt, n_gen)), first = timed(lambda: _clients(n_par, prompts, lambda p: server.complete(p, gl, sampler)))
-    return with_first(dict(wall_s=wall, n_prompt_tokens=n_prompt, n_gen_tokens=n_gen), first)
+    walls, (_, (n_prompt, n_gen)) = timed(lambda: _clients(n_par, prompts, lambda p: server.complete(p, gl, sampler)))
+    return counted(walls, dict(n_prompt_tokens=n_prompt, n_gen_tokens=n_gen))
 
 
 class Transformers:
@@ -375,8 +378,8 @@ class Transformers:
 
 def stage6(peer, w, sampler):
     name, model_path, n_req, n_par, pl, gl, _ = w
-    first = peer.run(n_par, pl, gl, sampler) if runs() > 1 else None
-    return with_first(peer.run(n_par, pl, gl, sampler), first and first["wall_s"])
+    out = [peer.run(n_par, pl, gl, sampler) for _ in range(n_runs())]  # each times its own generate
+    return counted([r["wall_s"] for r in out], out[-1])
 
 
 PEER_SCRIPT = r"""
@@ -424,8 +427,8 @@ def summarise(runs):
 
 
 def markdown(results, stages):
-    # Where the stages ran their workload twice on one context (a GPU, runs()), the first
-    # run's numbers get two more columns.
+    # Where the stages ran their workload several times on one context (a GPU, n_runs()),
+    # the first run's numbers get two more columns.
     first_runs = any("first_gen_tok_s" in st.get("summary", {}) for r in results.values() for st in r.values())
     lines = ["| workload | sampler | stage | gen tok/s | total tok/s | ratio to stage 0 (gen) | "
              "ratio to stage 0 (total) |" + (" first run: gen tok/s | first run: ratio to stage 0's (gen) |"
@@ -508,6 +511,8 @@ def main() -> int:
     parser.add_argument("--stages", default=None, help="default 0,1,2,3,4,5; with --gpu 0,1,3,4,6,7,8 (stage 2 "
                         "with the default sampling place is 8 from 8 slots, 7 below)")
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--later-runs", type=int, default=Target.later_runs,
+                        help="on a GPU: how many runs after a context's first count (their median; default 3)")
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--host-kind", default=f"{platform.machine()}-{os.cpu_count()}cpu")
     parser.add_argument("--merge", action="store_true",
@@ -515,6 +520,9 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true",
                         help="smoke-test the harness: one wave per workload, 8 new tokens (not for quoting)")
     args = parser.parse_args()
+    if args.later_runs < 1:
+        parser.error("--later-runs must be at least 1")
+    Target.later_runs = args.later_runs
     if args.gpu:
         Target.gpu, Target.n_gpu_layers, Target.baselines = True, -1, ROOT / "build" / "baselines-cuda"
         if fastpar.backend() != "cuda":
@@ -563,15 +571,19 @@ def main() -> int:
                 machine=gpu_name() if args.gpu else (platform.processor() or platform.machine()),
                 fastpar=fastpar.__version__, backend=fastpar.backend(),
                 transformers=peer_torch.version if peer_torch else None,
-                llama_cpp="0c1e57098", reps=args.reps, stages=STAGES, commands=commands)
+                llama_cpp="0c1e57098", reps=args.reps, later_runs=Target.later_runs if args.gpu else 0,
+                stages=STAGES, commands=commands)
 
     def write():
         stem.parent.mkdir(exist_ok=True)
         stem.with_suffix(".json").write_text(json.dumps(dict(meta=meta, results=results), indent=2) + "\n")
         table = markdown(results, sorted({int(s) for r in results.values() for s in r}))
         cmds = "\n".join(f"* `{c}`" for c in commands)
+        per_rep = (f", each the median of the {Target.later_runs} runs after a context's first (n_runs())"
+                   if args.gpu else "")
         stem.with_suffix(".md").write_text(f"# fastpar benchmarks, {meta['date']}, {args.host_kind}\n\n"
-                                           f"Medians of {args.reps} interleaved runs. Commands:\n\n{cmds}\n\n{table}")
+                                           f"Medians of {args.reps} interleaved repetitions{per_rep}. "
+                                           f"Commands:\n\n{cmds}\n\n{table}")
         plot(results, stages, stem.with_suffix(".png"))
         return table
 
