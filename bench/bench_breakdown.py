@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import pathlib
 import statistics
-import subprocess
 import sys
 import time
 
@@ -32,19 +31,9 @@ import fastpar
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from make_speed_model import build  # noqa: E402
-from run import SAMPLERS, make_prompts  # noqa: E402  (same prompts and samplers as the table)
+from run import SAMPLERS, batched_bench, make_prompts  # noqa: E402  (same prompts, samplers and raw run as the table)
 
 PROMPT, GEN = 32, 50
-
-
-def raw_runs(bench: str, path: str, n_par: int, n_gpu_layers: int, threads: int):
-    """[(T_PP, T_TG, T) ms] of three runs in one llama-batched-bench process."""
-    cmd = [bench, "-m", path, "-c", str(n_par * (PROMPT + GEN + 16)), "-b", "512", "-ub", "512", "-npp", str(PROMPT),
-           "-ntg", str(GEN), "-npl", ",".join([str(n_par)] * 3), "-t", str(threads), "-no-kvu",
-           "-ngl", str(999 if n_gpu_layers else 0)]
-    txt = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
-    rows = [ln for ln in txt.splitlines() if ln.startswith("|") and ln.split("|")[1].strip().isdigit()]
-    return [[round(float(r.strip("|").split("|")[k].strip()) * 1000, 1) for k in (4, 6, 8)] for r in rows]
 
 
 def main() -> int:
@@ -68,7 +57,9 @@ def main() -> int:
             if n_par == 1:
                 settings += [("greedy", True), ("typical", True)]
             for rep in range(args.reps):
-                raw = raw_runs(str(baselines / "llama-batched-bench"), path, n_par, n_gpu_layers, threads)
+                raw = [[round(t * 1000, 1) for t in run] for run in
+                       batched_bench(str(baselines / "llama-batched-bench"), path, n_par, PROMPT, GEN, 3, threads,
+                                     args.gpu)]
                 print(f"RAW {q} np{n_par} rep{rep}: (T_PP, T_TG, T) ms per run {raw}", flush=True)
                 out.setdefault((q, n_par, "raw"), []).extend(raw[1:])
                 for sampler, device_sampling in settings:

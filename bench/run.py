@@ -201,23 +201,28 @@ def timed(fn):
     return walls, out
 
 
-def stage0(tools, w, sampler, threads):
-    name, model_path, n_req, n_par, pl, gl, shared = w
-    # Every run in one process (one context), like every stage's (n_runs()).
-    npl = ",".join([str(n_par)] * n_runs())
-    cmd = [tools["llama-batched-bench"], "-m", model_path, "-c", str(n_par * (pl + gl + 16)), "-b", "512",
-           "-ub", "512", "-npp", str(pl), "-ntg", str(gl), "-npl", npl, "-t", str(threads), "-no-kvu"]
-    if Target.gpu:
+def batched_bench(binary, model_path, n_par, pl, gl, runs, threads, gpu, shared=0):
+    """Runs llama-batched-bench: `runs` runs of one wave (n_par sequences, pl prompt and gl
+    new tokens each) in one process -> [(T_PP, T_TG, T) seconds] a run, as it prints them."""
+    cmd = [binary, "-m", model_path, "-c", str(n_par * (pl + gl + 16)), "-b", "512", "-ub", "512", "-npp", str(pl),
+           "-ntg", str(gl), "-npl", ",".join([str(n_par)] * runs), "-t", str(threads), "-no-kvu"]
+    if gpu:
         cmd += ["-ngl", "999"]
     if shared:
         cmd = [c for c in cmd if c != "-no-kvu"] + ["-pps", "-kvu"]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     rows = [ln for ln in out.splitlines() if ln.startswith("|") and ln.split("|")[1].strip().isdigit()]
-    t_total = [float([c.strip() for c in row.strip("|").split("|")][8]) for row in rows]
+    return [tuple(float(row.strip("|").split("|")[k]) for k in (4, 6, 8)) for row in rows]
+
+
+def stage0(tools, w, sampler, threads):
+    name, model_path, n_req, n_par, pl, gl, shared = w
+    # Every run in one process (one context), like every stage's (n_runs()).
+    runs = batched_bench(tools["llama-batched-bench"], model_path, n_par, pl, gl, n_runs(), threads, Target.gpu, shared)
     # One wave of n_par sequences; n_req / n_par such waves take proportionally longer.
     waves = n_req / n_par
     n_prompt = (pl if shared else n_par * pl) * waves
-    return counted([t * waves for t in t_total], dict(n_prompt_tokens=n_prompt, n_gen_tokens=n_par * gl * waves))
+    return counted([t * waves for _, _, t in runs], dict(n_prompt_tokens=n_prompt, n_gen_tokens=n_par * gl * waves))
 
 
 def stage1(binary, w, sampler, threads, prompts, tmpdir):
