@@ -2,8 +2,6 @@
 
 #include "core/errors.hpp"
 
-#include <algorithm>
-
 namespace fastpar {
 
 TaskPool::TaskPool(int32_t n_workers) {
@@ -61,8 +59,8 @@ void TaskPool::work() {
     }
 }
 
-void TaskPool::run(size_t n, const std::function<void(size_t)> & fn, size_t max_helpers) {
-    if (workers_.empty() || n < 2 || max_helpers == 0) {
+void TaskPool::run(size_t n, const std::function<void(size_t)> & fn) {
+    if (workers_.empty() || n < 2) {
         // On this thread alone, through the same drain: every item still runs when one throws.
         Job job;
         job.fn = &fn;
@@ -81,16 +79,7 @@ void TaskPool::run(size_t n, const std::function<void(size_t)> & fn, size_t max_
         job_ = job;
         ++generation_;
     }
-    // A worker left asleep keeps its old generation and joins whatever job is under way
-    // when it next wakes: one with items left, or none (then it finds nothing to take).
-    const size_t helpers = std::min({max_helpers, workers_.size(), n - 1});
-    if (helpers == workers_.size()) {
-        wake_.notify_all();
-    } else {
-        for (size_t i = 0; i < helpers; ++i) {
-            wake_.notify_one();
-        }
-    }
+    wake_.notify_all();
     drain(*job);
     std::exception_ptr error;
     {
@@ -116,7 +105,6 @@ int64_t stress_task_pool(int32_t n_workers, int32_t runs) {
         const size_t n = next() % 40;
         std::vector<std::atomic<int>> hits(n);
         const int64_t throw_at = (r % 7 == 0 && n > 0) ? static_cast<int64_t>(next() % n) : -1;
-        const size_t helpers = r % 3 == 0 ? next() % (static_cast<size_t>(n_workers) + 1) : SIZE_MAX;
         bool thrown = false;
         try {
             pool.run(n, [&](size_t i) {
@@ -124,7 +112,7 @@ int64_t stress_task_pool(int32_t n_workers, int32_t runs) {
                 if (static_cast<int64_t>(i) == throw_at) {
                     throw Error("planned");
                 }
-            }, helpers);
+            });
         } catch (const Error &) {
             thrown = true;
         }

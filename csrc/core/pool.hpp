@@ -27,10 +27,8 @@ public:
     // fn(i) for every i in [0, n), spread over the workers and the caller. Returns when
     // every item is done, without waiting for workers that woke too late to take one (a
     // small loop is often done before the last of many threads is scheduled). The first
-    // exception any call throws is rethrown here, after all calls have ended. At most
-    // `max_helpers` workers are woken (0: the caller runs every item); each one woken costs
-    // the caller a wake-up and may come after the work is done, so small loops ask for few.
-    void run(size_t n, const std::function<void(size_t)> & fn, size_t max_helpers = SIZE_MAX);
+    // exception any call throws is rethrown here, after all calls have ended.
+    void run(size_t n, const std::function<void(size_t)> & fn);
     int32_t n_threads() const { return static_cast<int32_t>(workers_.size()) + 1; }
 
 private:
@@ -56,7 +54,7 @@ private:
 };
 
 // For tests: `runs` runs of 0 to 39 items on a pool of `n_workers`, every seventh with
-// one item that throws, every third waking a random number of helpers (0 to n_workers). Returns how many runs broke run()'s contract: an item run other
+// one item that throws. Returns how many runs broke run()'s contract: an item run other
 // than once, an exception lost, or one thrown where none was.
 int64_t stress_task_pool(int32_t n_workers, int32_t runs);
 

@@ -1,7 +1,6 @@
 #include "core/scheduler.hpp"
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 
 #include "core/errors.hpp"
@@ -27,16 +26,9 @@ std::string decode_error_message(int32_t rc) {
     }
 }
 
-// Below this many prompts to tokenize (or sequences to sample, before a call's first
-// sampling step has been timed) a step works on one thread: waking the pool costs more.
+// Below this many sequences to sample (or prompts to tokenize) a step works on one
+// thread: waking the pool costs more.
 constexpr size_t kMinPooled = 8;
-
-// Choosing a token from a row cut down on the device takes a few microseconds; waking a
-// pool thread costs about as much as several rows, and the caller may finish before it
-// comes. On a 16-core H100 host, 8 greedy rows took 65-72 us a step with all 15 workers
-// woken, about 15 us on one thread. So a sampling step wakes one helper for each this
-// much work beyond the caller's own share, timed from the call's previous step.
-constexpr int64_t kSampleNsPerThread = 30000;
 
 // With one KV buffer per slot (kv_unified off), llama.cpp splits a batch into forward
 // passes ("ubatches") of sequences with consecutive seq_ids and an equal number of tokens
@@ -539,37 +531,20 @@ void Scheduler::sample(const std::vector<Slot *> & slots) {
     }
     // Each chain and row is its own, so sequences sample in parallel and pick exactly the
     // tokens they would pick one after another.
-    std::atomic<int64_t> busy_ns{0};
     const auto pick = [&](size_t i) {
         thread_local std::vector<llama_token_data> cur;
-        const auto start = Clock::now();
         const GenerateParams & params = *slots[i]->request.params;
         tokens[i] = sample_logits(slots[i]->sampler.get(), params, rows[i], cur);
         if (params.logprobs) {  // never a device row (LogitReducer::serves)
             logprobs[i] = token_logprob(rows[i].logits, n_vocab, tokens[i]);
         }
-        busy_ns.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count(),
-                          std::memory_order_relaxed);
     };
-    const size_t n = slots.size();
-    size_t helpers = 0;
-    if (pool_ != nullptr && n >= 2) {
-        if (sample_ns_per_row_ < 0) {
-            helpers = n >= kMinPooled ? SIZE_MAX : 0;
-        } else {
-            const int64_t work = sample_ns_per_row_ * static_cast<int64_t>(n);
-            helpers = static_cast<size_t>(std::max<int64_t>(0, work / kSampleNsPerThread - 1));
-        }
-    }
-    if (helpers > 0) {
-        pool_->run(n, pick, helpers);
+    if (pool_ != nullptr && slots.size() >= kMinPooled) {
+        pool_->run(slots.size(), pick);
     } else {
-        for (size_t i = 0; i < n; ++i) {
+        for (size_t i = 0; i < slots.size(); ++i) {
             pick(i);
         }
-    }
-    if (n > 0) {
-        sample_ns_per_row_ = busy_ns.load() / static_cast<int64_t>(n);
     }
     stats_.t_sample_ms += ms_since(t0);
     for (size_t i = 0; i < slots.size(); ++i) {

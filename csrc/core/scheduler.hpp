@@ -130,7 +130,6 @@ private:
     bool prompts_first_;           // waiting prompts may take a whole batch (GPU)
     int32_t max_decode_waits_ = std::numeric_limits<int32_t>::max();
     int32_t decode_waits_ = 0;     // steps in a row the decoding slots have waited
-    int64_t sample_ns_per_row_ = -1;  // choosing one token, in the last sampling step (-1: none yet)
 };
 
 }  // namespace fastpar
