@@ -7,11 +7,12 @@ The GPU table's workload (bench/run.py): one 32-token prompt a slot, 50 new toke
 (ignore_eos), the speed model. For every repetition, in turn: one `llama-batched-bench`
 process running the workload three times (its T_PP, T_TG and T of each run; the second
 and third count), then for each setting (greedy and typical with the default sampling
-place, and at 1 slot device sampling too) a fresh Context and three calls on it. A call
-is split with `ctx.last_stats`: the prompt's share of the decodes (`t_prompt_ms`, against
-raw's T_PP), generation (`t_gen_ms`: the other decodes plus choosing and accepting tokens,
-against raw's T_TG) with choosing tokens (`t_sample_ms`) on its own, and what is left of
-the call's wall time. Prints every row as it comes, then medians: raw's later runs
+place, then the other place) a fresh Context and three calls on it. A call is split with
+`ctx.last_stats`: the prompt's share of the decodes (`t_prompt_ms`, against raw's T_PP),
+generation (`t_gen_ms`: the other decodes plus choosing and accepting tokens, against
+raw's T_TG) with choosing tokens (`t_sample_ms`) on its own, and what is left of the
+call's wall time; and a generation step without choosing tokens (generation less choosing
+tokens, over the decodes after the prompt's) against one of raw's T_TG decodes. Prints every row as it comes, then medians: raw's later runs
 against each Context's later calls, and against first calls.
 
 Needs the baselines built by `bench/run.py` (`--gpu`: build/baselines-cuda) and a CUDA
@@ -53,9 +54,11 @@ def main() -> int:
         model = fastpar.Model(path, n_gpu_layers=n_gpu_layers)
         for n_par in (int(p) for p in args.parallel.split(",")):
             prompts = make_prompts(model, n_par, PROMPT, 0)
-            settings = [("greedy", None), ("typical", None)]
-            if n_par == 1:
-                settings += [("greedy", True), ("typical", True)]
+            # The default sampling place, then the other one ("other": the opposite of what
+            # the default chose), so that each level shows what device sampling's ops and
+            # copies cost a step against host sampling's whole rows.
+            settings = [("greedy", None), ("typical", None), ("greedy", "other"), ("typical", "other")]
+            auto = None
             for rep in range(args.reps):
                 raw = [[round(t * 1000, 1) for t in run] for run in
                        batched_bench(str(baselines / "llama-batched-bench"), path, n_par, PROMPT, GEN, 3, threads,
@@ -63,10 +66,14 @@ def main() -> int:
                 print(f"RAW {q} np{n_par} rep{rep}: (T_PP, T_TG, T) ms per run {raw}", flush=True)
                 out.setdefault((q, n_par, "raw"), []).extend(raw[1:])
                 for sampler, device_sampling in settings:
+                    if device_sampling == "other":
+                        device_sampling = not auto
                     t0 = time.perf_counter()
                     ctx = fastpar.Context(model, n_parallel=n_par, n_ctx_per_seq=PROMPT + GEN + 8,
                                           device_sampling=device_sampling)
                     row = [round((time.perf_counter() - t0) * 1000, 1)]
+                    if auto is None:
+                        auto = ctx.device_sampling
                     for _ in range(3):
                         t0 = time.perf_counter()
                         fastpar.generate_parallel(ctx, prompts, max_tokens=GEN, ignore_eos=True, min_p=0.0, seed=42,
@@ -91,9 +98,12 @@ def main() -> int:
         first = [row[1] for row in rows]
         w, p, g, sm = (statistics.median(c[k] for c in later) for k in range(4))
         w1 = statistics.median(c[0] for c in first)
+        # A generation step without choosing tokens: fastpar's decodes after the prompt's
+        # (each call decodes the prompt, then GEN - 1 steps) against raw's GEN decodes in T_TG.
+        step = statistics.median((c[2] - c[3]) / (c[4] - 1) for c in later)
         print(f"{q:6s} np{n_par:<3d} {tag:22s} raw T {rt:6.1f} (PP {rpp:5.1f} TG {rtg:6.1f}) | fp wall {w:6.1f} "
               f"first {w1:6.1f} (prompt {p:5.1f} gen {g:6.1f} of which sample {sm:5.1f}; other {w - p - g:5.1f}) | "
-              f"raw/fp later {rt / w:.3f} first {rt / w1:.3f}", flush=True)
+              f"step {step:5.3f} raw {rtg / GEN:5.3f} | raw/fp later {rt / w:.3f} first {rt / w1:.3f}", flush=True)
     return 0
 
 
