@@ -12,8 +12,9 @@ place, then the other place) a fresh Context and three calls on it. A call is sp
 generation (`t_gen_ms`: the other decodes plus choosing and accepting tokens, against
 raw's T_TG) with choosing tokens (`t_sample_ms`) on its own, and what is left of the
 call's wall time; and a generation step without choosing tokens (generation less choosing
-tokens, over the decodes after the prompt's) against one of raw's T_TG decodes. Prints every row as it comes, then medians: raw's later runs
-against each Context's later calls, and against first calls.
+tokens, over the decodes after the prompt's) against one of raw's T_TG decodes. Prints
+every row as it comes, then medians: raw's later runs against each Context's later calls,
+and against first calls.
 
 Needs the baselines built by `bench/run.py` (`--gpu`: build/baselines-cuda) and a CUDA
 build of fastpar for --gpu.
