@@ -23,6 +23,7 @@ build of fastpar for --gpu.
 from __future__ import annotations
 
 import argparse
+import os
 import pathlib
 import statistics
 import sys
@@ -33,7 +34,7 @@ import fastpar
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from make_speed_model import build  # noqa: E402
-from run import SAMPLERS, batched_bench, make_prompts  # noqa: E402  (same prompts, samplers and raw run as the table)
+from run import batched_bench, make_prompts, request_params  # noqa: E402  (same prompts, requests and raw run as the table)
 
 PROMPT, GEN = 32, 50
 
@@ -48,7 +49,7 @@ def main() -> int:
     args = ap.parse_args()
     baselines = HERE.parent / "build" / ("baselines-cuda" if args.gpu else "baselines") / "bin"
     n_gpu_layers = -1 if args.gpu else 0
-    threads = args.threads or len(__import__("os").sched_getaffinity(0))
+    threads = args.threads or len(os.sched_getaffinity(0))
     out: dict = {}
     for q in args.models.split(","):
         path = str(build(str(baselines / "llama-quantize"), q))
@@ -77,8 +78,7 @@ def main() -> int:
                         auto = ctx.device_sampling
                     for _ in range(3):
                         t0 = time.perf_counter()
-                        fastpar.generate_parallel(ctx, prompts, max_tokens=GEN, ignore_eos=True, min_p=0.0, seed=42,
-                                                  **SAMPLERS[sampler])
+                        fastpar.generate_parallel(ctx, prompts, **request_params(GEN, sampler))
                         wall = (time.perf_counter() - t0) * 1000
                         s = ctx.last_stats
                         row.append([round(wall, 1), round(s.t_prompt_ms, 1), round(s.t_gen_ms, 1),

@@ -21,7 +21,7 @@ import pathlib
 import fastpar
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from run import SAMPLERS, make_prompts  # noqa: E402  (same prompts and samplers as the table)
+from run import make_prompts, request_params  # noqa: E402  (same prompts and requests as the table)
 
 
 def main() -> int:
@@ -47,8 +47,7 @@ def main() -> int:
                     row = [time.perf_counter() - t0]
                     for _ in range(3):
                         t0 = time.perf_counter()
-                        fastpar.generate_parallel(ctx, prompts, max_tokens=50, ignore_eos=True, min_p=0.0, seed=42,
-                                                  **SAMPLERS[sampler])
+                        fastpar.generate_parallel(ctx, prompts, **request_params(50, sampler))
                         row.append(time.perf_counter() - t0)
                     times[warmup].append(row)
                     del ctx

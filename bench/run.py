@@ -79,6 +79,12 @@ SAMPLERS = {
 }
 
 
+def request_params(gl: int, sampler: str) -> dict:
+    """What every fastpar stage asks of a prompt: gl new tokens (ignore_eos), the sampler's
+    settings, no min-p, a fixed seed."""
+    return dict(max_tokens=gl, ignore_eos=True, min_p=0.0, seed=42, **SAMPLERS[sampler])
+
+
 # ----------------------------------------------------------------------------- workloads
 
 def workloads(names, default_model, speed_models):
@@ -243,8 +249,7 @@ def stage2(models, w, sampler, threads, prompts, device_sampling=None):
     ctx = fastpar.Context(models[model_path], n_parallel=n_par, n_ctx_per_seq=pl + gl + 8, n_threads=threads,
                           **({} if device_sampling is None else dict(device_sampling=device_sampling)))
     context_s = time.perf_counter() - t0  # not in wall_s, like raw's context creation; recorded
-    walls, res = timed(lambda: fastpar.generate_parallel(ctx, prompts, max_tokens=gl, ignore_eos=True, min_p=0.0,
-                                                         seed=42, **SAMPLERS[sampler]))
+    walls, res = timed(lambda: fastpar.generate_parallel(ctx, prompts, **request_params(gl, sampler)))
     return counted(walls, dict(n_prompt_tokens=sum(c.n_prompt_tokens for c in res),
                                n_gen_tokens=sum(c.n_gen_tokens for c in res),
                                failed=sum(c.finish_reason == "error" for c in res),
@@ -282,7 +287,7 @@ def stage3(models, w, sampler, threads, prompts):
     name, model_path, n_req, n_par, pl, gl, _ = w
     with fastpar.Engine(models[model_path], n_parallel=n_par, n_ctx_per_seq=pl + gl + 8, n_threads=threads) as e:
         def send(p):
-            c = e.submit(p, max_tokens=gl, ignore_eos=True, min_p=0.0, seed=42, **SAMPLERS[sampler]).result()
+            c = e.submit(p, **request_params(gl, sampler)).result()
             return c.n_prompt_tokens, c.n_gen_tokens
 
         # 8 client threads, or one per slot where there are more slots: fewer would leave slots idle.
