@@ -120,7 +120,7 @@ void LogitReducer::build(ggml_context * ctx, ggml_tensor * logits, bool in_decod
     top_ = static_cast<int32_t>(std::min<int64_t>(kTopBlocks, n_blocks));
     ggml_tensor * maxima = ggml_pool_1d(ctx, logits, GGML_OP_POOL_MAX, width_, width_, 0);  // [n_blocks, rows]
     ggml_set_name(maxima, "fastpar_block_max");
-    blocks_ = ggml_top_k(ctx, maxima, top_);  // I32 [top, rows], in no particular order
+    blocks_ = ggml_cont(ctx, ggml_argsort_top_k(ctx, maxima, top_));  // I32 [top, rows], best first
     ggml_set_name(blocks_, "fastpar_top_blocks");
     values_ = ggml_get_rows(ctx, ggml_reshape_3d(ctx, logits, width_, n_blocks, rows), blocks_);  // [width, top, rows]
     ggml_set_name(values_, "fastpar_top_block_logits");
