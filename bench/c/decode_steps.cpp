@@ -1,0 +1,182 @@
+// A generation step of raw llama.cpp calls, the way fastpar makes them, with and without
+// reading the logits on the host between steps.
+//
+//   cmake --build <build dir> --target fastpar-decode-steps     (FASTPAR_BUILD_BASELINES=ON)
+//   <build dir>/fastpar-decode-steps <model.gguf> [slots,...] [runs] [n_gpu_layers]
+//
+// For each number of slots: one context as a fastpar Context makes it (n_ctx = slots x 90,
+// n_batch = n_ubatch = 512, one sequence a slot, KV cache not unified, as many threads as
+// CPUs), then `runs` runs of the GPU table's workload: 32 random prompt tokens a slot (in
+// decodes of up to 512 tokens), then 50 steps of one token a slot with every row's logits
+// out, each step llama_decode + llama_synchronize (as llama-batched-bench and fastpar both
+// do). Three ways of spending the time between steps:
+//   none    feed the next token without looking at the logits (llama-batched-bench)
+//   read    llama_get_logits_ith for every row and an argmax of it on this thread (whole
+//           rows chosen on the host, as fastpar's host sampling does, on one thread)
+//   touch   read every row's logits without choosing (the memory traffic alone)
+// Printed: the median over runs (the first left out) of a step's decode + synchronise time,
+// ms, and of the time between steps.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "llama.h"
+
+namespace {
+
+double now_ms() {
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+double median(std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+void add(llama_batch & b, llama_token t, llama_pos pos, llama_seq_id seq, bool logits) {
+    b.token[b.n_tokens] = t;
+    b.pos[b.n_tokens] = pos;
+    b.n_seq_id[b.n_tokens] = 1;
+    b.seq_id[b.n_tokens][0] = seq;
+    b.logits[b.n_tokens] = logits ? 1 : 0;
+    ++b.n_tokens;
+}
+
+}  // namespace
+
+int main(int argc, char ** argv) {
+    if (argc < 2) {
+        std::fprintf(stderr, "usage: %s model.gguf [slots,...] [runs] [n_gpu_layers]\n", argv[0]);
+        return 2;
+    }
+    std::vector<int> slot_counts;
+    {
+        const std::string spec = argc > 2 ? argv[2] : "1,8,32";
+        for (size_t pos = 0; pos <= spec.size();) {
+            const size_t end = std::min(spec.find(',', pos), spec.size());
+            slot_counts.push_back(std::atoi(spec.substr(pos, end - pos).c_str()));
+            pos = end + 1;
+        }
+    }
+    const int runs = argc > 3 ? std::max(2, std::atoi(argv[3])) : 4;
+    const int n_gpu_layers = argc > 4 ? std::atoi(argv[4]) : 999;
+    const int kPrompt = 32, kGen = 50;
+
+    llama_log_set([](ggml_log_level, const char *, void *) {}, nullptr);
+    llama_backend_init();
+    llama_model_params mp = llama_model_default_params();
+    mp.n_gpu_layers = n_gpu_layers;
+    llama_model * model = llama_model_load_from_file(argv[1], mp);
+    if (model == nullptr) {
+        std::fprintf(stderr, "could not load %s\n", argv[1]);
+        return 1;
+    }
+    const llama_vocab * vocab = llama_model_get_vocab(model);
+    const int n_vocab = llama_vocab_n_tokens(vocab);
+    const int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    std::printf("%s, %d threads, %d runs a way (first left out), ms\n", argv[1], threads, runs);
+    std::printf("%6s %6s %12s %12s\n", "slots", "way", "step", "between");
+
+    std::mt19937 rng(1);
+    for (const int n : slot_counts) {
+        llama_context_params cp = llama_context_default_params();
+        cp.n_ctx = static_cast<uint32_t>(n * 90);
+        cp.n_batch = 512;
+        cp.n_ubatch = 512;
+        cp.n_seq_max = static_cast<uint32_t>(n);
+        cp.n_threads = threads;
+        cp.n_threads_batch = threads;
+        cp.kv_unified = false;
+        cp.no_perf = true;
+        llama_context * ctx = llama_init_from_model(model, cp);
+        if (ctx == nullptr) {
+            std::fprintf(stderr, "could not make a context for %d slots\n", n);
+            return 1;
+        }
+        llama_batch batch = llama_batch_init(512, 0, 1);
+        llama_memory_t mem = llama_get_memory(ctx);
+        for (const char * way : {"none", "read", "touch", "none", "read", "touch"}) {
+            const std::string w = way;
+            std::vector<double> steps, between;
+            for (int r = 0; r < runs; ++r) {
+                llama_memory_clear(mem, false);
+                // The prompts, in decodes of at most n_batch tokens (as fastpar plans them).
+                batch.n_tokens = 0;
+                for (int s = 0; s < n; ++s) {
+                    for (int i = 0; i < kPrompt; ++i) {
+                        add(batch, static_cast<llama_token>(rng() % n_vocab), i, s, i == kPrompt - 1);
+                        const bool last = s == n - 1 && i == kPrompt - 1;
+                        if (batch.n_tokens == static_cast<int32_t>(cp.n_batch) || (last && batch.n_tokens > 0)) {
+                            if (llama_decode(ctx, batch) != 0) {
+                                std::fprintf(stderr, "prompt decode failed\n");
+                                return 1;
+                            }
+                            batch.n_tokens = 0;
+                        }
+                    }
+                }
+                llama_synchronize(ctx);
+                std::vector<llama_token> next(static_cast<size_t>(n), 0);
+                double t_end = now_ms();
+                volatile float sink = 0.0f;
+                for (int step = 0; step < kGen; ++step) {
+                    // Between steps: what the caller does with the last step's logits (the
+                    // first step feeds random tokens: the prompts' rows may lie in
+                    // several decodes).
+                    if (w != "none" && step > 0) {
+                        for (int s = 0; s < n; ++s) {
+                            const float * row = llama_get_logits_ith(ctx, s);  // batch index s
+                            if (row == nullptr) {
+                                std::fprintf(stderr, "no logits for sequence %d\n", s);
+                                return 1;
+                            }
+                            if (w == "read") {
+                                next[static_cast<size_t>(s)] =
+                                    static_cast<llama_token>(std::max_element(row, row + n_vocab) - row);
+                            } else {
+                                float acc = 0.0f;
+                                for (int t = 0; t < n_vocab; t += 16) {
+                                    acc += row[t];
+                                }
+                                sink = sink + acc;
+                            }
+                        }
+                    } else {
+                        for (auto & t : next) {
+                            t = static_cast<llama_token>(rng() % n_vocab);
+                        }
+                    }
+                    batch.n_tokens = 0;
+                    for (int s = 0; s < n; ++s) {
+                        add(batch, next[static_cast<size_t>(s)], kPrompt + step, s, true);
+                    }
+                    const double t0 = now_ms();
+                    if (r > 0 && step > 0) {
+                        between.push_back(t0 - t_end);
+                    }
+                    if (llama_decode(ctx, batch) != 0) {
+                        std::fprintf(stderr, "decode failed\n");
+                        return 1;
+                    }
+                    llama_synchronize(ctx);
+                    t_end = now_ms();
+                    if (r > 0) {
+                        steps.push_back(t_end - t0);
+                    }
+                }
+            }
+            std::printf("%6d %6s %12.3f %12.3f\n", n, way, median(steps), median(between));
+            std::fflush(stdout);
+        }
+        llama_batch_free(batch);
+        llama_free(ctx);
+    }
+    llama_model_free(model);
+    llama_backend_free();
+    return 0;
+}
