@@ -11,8 +11,8 @@
 // and host sampling pay instead: every row copied back whole.
 //
 // Ways (logit_reducer.hpp explains the first):
-//   top_k       pool_1d max over blocks of 128 -> ggml_top_k 64 -> get_rows (fastpar's)
-//   argsort     the same with ggml_argsort_top_k
+//   top_k       pool_1d max over blocks of 128 -> ggml_top_k 64 -> get_rows
+//   argsort     the same with ggml_argsort_top_k (fastpar's)
 //   pairs       pool_1d max over blocks of 256 (the last n_vocab % 256 left for a tail,
 //               always copied) -> ggml_argsort_top_k 64 over <= 1024 maxima -> get_rows
 //               of the 256-wide blocks, concatenated with the tail
