@@ -17,6 +17,9 @@
 //               always copied) -> ggml_argsort_top_k 64 over <= 1024 maxima -> get_rows
 //               of the 256-wide blocks, concatenated with the tail
 //   pool        the first op alone (its maxima copied back)
+//   pool2       the same maxima in two pooling ops, over 8 logits and then over 16 of
+//               those maxima: more threads, each reading fewer logits in a row
+//   argsort2    argsort's way with pool2's maxima
 //   argmax      ggml_argmax of every row (what a greedy-only chain would need)
 #include <algorithm>
 #include <chrono>
@@ -78,6 +81,21 @@ std::vector<ggml_tensor *> way_pool(ggml_context * ctx, ggml_tensor * logits) {
     return {ggml_pool_1d(ctx, logits, GGML_OP_POOL_MAX, 128, 128, 0)};
 }
 
+// Maxima of 128-logit blocks, in two steps (8, then 16 of those).
+ggml_tensor * maxima_in_two(ggml_context * ctx, ggml_tensor * logits) {
+    ggml_tensor * m8 = ggml_pool_1d(ctx, logits, GGML_OP_POOL_MAX, 8, 8, 0);
+    return ggml_pool_1d(ctx, m8, GGML_OP_POOL_MAX, 16, 16, 0);
+}
+
+std::vector<ggml_tensor *> way_pool2(ggml_context * ctx, ggml_tensor * logits) { return {maxima_in_two(ctx, logits)}; }
+
+std::vector<ggml_tensor *> way_argsort2(ggml_context * ctx, ggml_tensor * logits) {
+    const int64_t n = logits->ne[0], rows = logits->ne[1];
+    ggml_tensor * blocks = ggml_cont(ctx, ggml_argsort_top_k(ctx, maxima_in_two(ctx, logits), kTop));
+    ggml_tensor * values = ggml_get_rows(ctx, ggml_reshape_3d(ctx, logits, 128, n / 128, rows), blocks);
+    return {blocks, values};
+}
+
 std::vector<ggml_tensor *> way_argmax(ggml_context * ctx, ggml_tensor * logits) { return {ggml_argmax(ctx, logits)}; }
 
 int64_t id_narrow(const int32_t * blocks, int64_t j, int64_t) { return int64_t{blocks[j / 128]} * 128 + j % 128; }
@@ -127,6 +145,8 @@ int main(int argc, char ** argv) {
                         {"argsort", way_argsort, id_narrow},
                         {"pairs", way_pairs, id_pairs},
                         {"pool", way_pool, nullptr},
+                        {"pool2", way_pool2, nullptr},
+                        {"argsort2", way_argsort2, id_narrow},
                         {"argmax", way_argmax, nullptr}};
     std::printf("%6s %10s", "rows", "copy");  // "!" after a time: a row's best token was not where it should be
     for (const Way & w : ways) {
