@@ -14,6 +14,12 @@
 //   read    llama_get_logits_ith for every row and an argmax of it on this thread (whole
 //           rows chosen on the host, as fastpar's host sampling does, on one thread)
 //   touch   read every row's logits without choosing (the memory traffic alone)
+//   pool-greedy, pool-typical
+//           every row chosen by fastpar's own host sampling (sample_logits, the chain
+//           make_sampler builds: greedy, or the GPU table's typical sampler) on fastpar's
+//           TaskPool with one worker a CPU but the caller's, as a Context does from 8 rows
+//   calling-greedy, calling-typical
+//           the same choosing, all on the calling thread (no pool)
 // Printed: the median over runs (the first left out) of a step's decode + synchronise time,
 // ms, and of the time between steps.
 #include <algorithm>
@@ -25,6 +31,9 @@
 #include <thread>
 #include <vector>
 
+#include "core/params.hpp"
+#include "core/pool.hpp"
+#include "core/sampling.hpp"
 #include "llama.h"
 
 namespace {
@@ -80,9 +89,16 @@ int main(int argc, char ** argv) {
     const int n_vocab = llama_vocab_n_tokens(vocab);
     const int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     std::printf("%s, %d threads, %d runs a way (first left out), ms\n", argv[1], threads, runs);
-    std::printf("%6s %6s %12s %12s\n", "slots", "way", "step", "between");
+    std::printf("%6s %16s %12s %12s\n", "slots", "way", "step", "between");
 
     std::mt19937 rng(1);
+    fastpar::TaskPool pool(threads - 1);
+    fastpar::GenerateParams greedy, typical;
+    greedy.temperature = 0.0f;
+    typical.temperature = 0.8f;
+    typical.top_k = 40;
+    typical.top_p = 0.95f;
+    typical.min_p = 0.0f;
     for (const int n : slot_counts) {
         llama_context_params cp = llama_context_default_params();
         cp.n_ctx = static_cast<uint32_t>(n * 90);
@@ -100,8 +116,18 @@ int main(int argc, char ** argv) {
         }
         llama_batch batch = llama_batch_init(512, 0, 1);
         llama_memory_t mem = llama_get_memory(ctx);
-        for (const char * way : {"none", "read", "touch", "none", "read", "touch"}) {
+        const char * ways[] = {"none", "read", "touch", "pool-greedy", "calling-greedy", "pool-typical",
+                               "calling-typical"};
+        for (int round = 0; round < 2; ++round)
+        for (const char * way : ways) {
             const std::string w = way;
+            const bool fastpar_way = w.rfind("pool-", 0) == 0 || w.rfind("calling-", 0) == 0;
+            const fastpar::GenerateParams & params = w.find("typical") != std::string::npos ? typical : greedy;
+            std::vector<fastpar::SamplerPtr> chains;
+            for (int s = 0; s < n; ++s) {
+                chains.push_back(fastpar::make_sampler(params, 42, n_vocab));
+            }
+            std::vector<fastpar::LogitRow> rows(static_cast<size_t>(n));
             std::vector<double> steps, between;
             for (int r = 0; r < runs; ++r) {
                 llama_memory_clear(mem, false);
@@ -128,7 +154,23 @@ int main(int argc, char ** argv) {
                     // Between steps: what the caller does with the last step's logits (the
                     // first step feeds random tokens: the prompts' rows may lie in
                     // several decodes).
-                    if (w != "none" && step > 0) {
+                    if (fastpar_way && step > 0) {
+                        // As Scheduler::sample: rows found on this thread, chosen anywhere.
+                        for (int s = 0; s < n; ++s) {
+                            rows[static_cast<size_t>(s)] = fastpar::LogitRow{llama_get_logits_ith(ctx, s), n_vocab};
+                        }
+                        const auto pick = [&](size_t i) {
+                            thread_local std::vector<llama_token_data> cur;
+                            next[i] = fastpar::sample_logits(chains[i].get(), params, rows[i], cur);
+                        };
+                        if (w.rfind("pool-", 0) == 0) {
+                            pool.run(static_cast<size_t>(n), pick);
+                        } else {
+                            for (size_t i = 0; i < static_cast<size_t>(n); ++i) {
+                                pick(i);
+                            }
+                        }
+                    } else if (w != "none" && !fastpar_way && step > 0) {
                         for (int s = 0; s < n; ++s) {
                             const float * row = llama_get_logits_ith(ctx, s);  // batch index s
                             if (row == nullptr) {
@@ -170,7 +212,7 @@ int main(int argc, char ** argv) {
                     }
                 }
             }
-            std::printf("%6d %6s %12.3f %12.3f\n", n, way, median(steps), median(between));
+            std::printf("%6d %16s %12.3f %12.3f\n", n, way, median(steps), median(between));
             std::fflush(stdout);
         }
         llama_batch_free(batch);
