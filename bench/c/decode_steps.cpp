@@ -9,7 +9,7 @@
 // CPUs), then `runs` runs of the GPU table's workload: 32 random prompt tokens a slot (in
 // decodes of up to 512 tokens), then 50 steps of one token a slot with every row's logits
 // out, each step llama_decode + llama_synchronize (as llama-batched-bench and fastpar both
-// do). Three ways of spending the time between steps:
+// do). Ways of spending the time between steps, each run twice, in turn:
 //   none    feed the next token without looking at the logits (llama-batched-bench)
 //   read    llama_get_logits_ith for every row and an argmax of it on this thread (whole
 //           rows chosen on the host, as fastpar's host sampling does, on one thread)
@@ -158,6 +158,10 @@ int main(int argc, char ** argv) {
                         // As Scheduler::sample: rows found on this thread, chosen anywhere.
                         for (int s = 0; s < n; ++s) {
                             rows[static_cast<size_t>(s)] = fastpar::LogitRow{llama_get_logits_ith(ctx, s), n_vocab};
+                            if (rows[static_cast<size_t>(s)].logits == nullptr) {
+                                std::fprintf(stderr, "no logits for sequence %d\n", s);
+                                return 1;
+                            }
                         }
                         const auto pick = [&](size_t i) {
                             thread_local std::vector<llama_token_data> cur;
