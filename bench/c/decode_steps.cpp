@@ -23,7 +23,6 @@
 // Printed: the median over runs (the first left out) of a step's decode + synchronise time,
 // ms, and of the time between steps.
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <random>
@@ -34,27 +33,13 @@
 #include "core/params.hpp"
 #include "core/pool.hpp"
 #include "core/sampling.hpp"
+#include "core/scheduler.hpp"  // batch_add
 #include "llama.h"
+#include "tool_common.hpp"
 
 namespace {
 
-double now_ms() {
-    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-double median(std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v.empty() ? 0.0 : v[v.size() / 2];
-}
-
-void add(llama_batch & b, llama_token t, llama_pos pos, llama_seq_id seq, bool logits) {
-    b.token[b.n_tokens] = t;
-    b.pos[b.n_tokens] = pos;
-    b.n_seq_id[b.n_tokens] = 1;
-    b.seq_id[b.n_tokens][0] = seq;
-    b.logits[b.n_tokens] = logits ? 1 : 0;
-    ++b.n_tokens;
-}
+double now_ms() { return fastpar_bench::now_us() / 1000.0; }
 
 }  // namespace
 
@@ -63,15 +48,7 @@ int main(int argc, char ** argv) {
         std::fprintf(stderr, "usage: %s model.gguf [slots,...] [runs] [n_gpu_layers]\n", argv[0]);
         return 2;
     }
-    std::vector<int> slot_counts;
-    {
-        const std::string spec = argc > 2 ? argv[2] : "1,8,32";
-        for (size_t pos = 0; pos <= spec.size();) {
-            const size_t end = std::min(spec.find(',', pos), spec.size());
-            slot_counts.push_back(std::atoi(spec.substr(pos, end - pos).c_str()));
-            pos = end + 1;
-        }
-    }
+    const std::vector<int64_t> slot_counts = fastpar_bench::int_list(argc > 2 ? argv[2] : "1,8,32");
     const int runs = argc > 3 ? std::max(2, std::atoi(argv[3])) : 4;
     const int n_gpu_layers = argc > 4 ? std::atoi(argv[4]) : 999;
     const int kPrompt = 32, kGen = 50;
@@ -99,7 +76,8 @@ int main(int argc, char ** argv) {
     typical.top_k = 40;
     typical.top_p = 0.95f;
     typical.min_p = 0.0f;
-    for (const int n : slot_counts) {
+    for (const int64_t n64 : slot_counts) {
+        const int n = static_cast<int>(n64);
         llama_context_params cp = llama_context_default_params();
         cp.n_ctx = static_cast<uint32_t>(n * 90);
         cp.n_batch = 512;
@@ -121,7 +99,8 @@ int main(int argc, char ** argv) {
         for (int round = 0; round < 2; ++round)
         for (const char * way : ways) {
             const std::string w = way;
-            const bool fastpar_way = w.rfind("pool-", 0) == 0 || w.rfind("calling-", 0) == 0;
+            const bool on_pool = w.rfind("pool-", 0) == 0;
+            const bool fastpar_way = on_pool || w.rfind("calling-", 0) == 0;
             const fastpar::GenerateParams & params = w.find("typical") != std::string::npos ? typical : greedy;
             std::vector<fastpar::SamplerPtr> chains;
             for (int s = 0; s < n; ++s) {
@@ -135,7 +114,7 @@ int main(int argc, char ** argv) {
                 batch.n_tokens = 0;
                 for (int s = 0; s < n; ++s) {
                     for (int i = 0; i < kPrompt; ++i) {
-                        add(batch, static_cast<llama_token>(rng() % n_vocab), i, s, i == kPrompt - 1);
+                        fastpar::batch_add(batch, static_cast<llama_token>(rng() % n_vocab), i, s, i == kPrompt - 1);
                         const bool last = s == n - 1 && i == kPrompt - 1;
                         if (batch.n_tokens == static_cast<int32_t>(cp.n_batch) || (last && batch.n_tokens > 0)) {
                             if (llama_decode(ctx, batch) != 0) {
@@ -154,7 +133,11 @@ int main(int argc, char ** argv) {
                     // Between steps: what the caller does with the last step's logits (the
                     // first step feeds random tokens: the prompts' rows may lie in
                     // several decodes).
-                    if (fastpar_way && step > 0) {
+                    if (step == 0 || w == "none") {
+                        for (auto & t : next) {
+                            t = static_cast<llama_token>(rng() % n_vocab);
+                        }
+                    } else {
                         // As Scheduler::sample: rows found on this thread, chosen anywhere.
                         for (int s = 0; s < n; ++s) {
                             rows[static_cast<size_t>(s)] = fastpar::LogitRow{llama_get_logits_ith(ctx, s), n_vocab};
@@ -167,39 +150,30 @@ int main(int argc, char ** argv) {
                             thread_local std::vector<llama_token_data> cur;
                             next[i] = fastpar::sample_logits(chains[i].get(), params, rows[i], cur);
                         };
-                        if (w.rfind("pool-", 0) == 0) {
+                        if (on_pool) {
                             pool.run(static_cast<size_t>(n), pick);
-                        } else {
+                        } else if (fastpar_way) {
                             for (size_t i = 0; i < static_cast<size_t>(n); ++i) {
                                 pick(i);
                             }
-                        }
-                    } else if (w != "none" && !fastpar_way && step > 0) {
-                        for (int s = 0; s < n; ++s) {
-                            const float * row = llama_get_logits_ith(ctx, s);  // batch index s
-                            if (row == nullptr) {
-                                std::fprintf(stderr, "no logits for sequence %d\n", s);
-                                return 1;
-                            }
-                            if (w == "read") {
-                                next[static_cast<size_t>(s)] =
-                                    static_cast<llama_token>(std::max_element(row, row + n_vocab) - row);
-                            } else {
-                                float acc = 0.0f;
-                                for (int t = 0; t < n_vocab; t += 16) {
-                                    acc += row[t];
+                        } else {
+                            for (size_t i = 0; i < static_cast<size_t>(n); ++i) {
+                                const float * row = rows[i].logits;
+                                if (w == "read") {
+                                    next[i] = static_cast<llama_token>(std::max_element(row, row + n_vocab) - row);
+                                } else {
+                                    float acc = 0.0f;
+                                    for (int t = 0; t < n_vocab; t += 16) {
+                                        acc += row[t];
+                                    }
+                                    sink = sink + acc;
                                 }
-                                sink = sink + acc;
                             }
-                        }
-                    } else {
-                        for (auto & t : next) {
-                            t = static_cast<llama_token>(rng() % n_vocab);
                         }
                     }
                     batch.n_tokens = 0;
                     for (int s = 0; s < n; ++s) {
-                        add(batch, next[static_cast<size_t>(s)], kPrompt + step, s, true);
+                        fastpar::batch_add(batch, next[static_cast<size_t>(s)], kPrompt + step, s, true);
                     }
                     const double t0 = now_ms();
                     if (r > 0 && step > 0) {
@@ -216,7 +190,7 @@ int main(int argc, char ** argv) {
                     }
                 }
             }
-            std::printf("%6d %16s %12.3f %12.3f\n", n, way, median(steps), median(between));
+            std::printf("%6d %16s %12.3f %12.3f\n", n, way, fastpar_bench::median(steps), fastpar_bench::median(between));
             std::fflush(stdout);
         }
         llama_batch_free(batch);

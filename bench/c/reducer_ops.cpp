@@ -22,7 +22,6 @@
 //   argsort2    argsort's way with pool2's maxima
 //   argmax      ggml_argmax of every row (what a greedy-only chain would need)
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -34,6 +33,7 @@
 #include "ggml-alloc.h"
 #include "ggml-backend.h"
 #include "ggml.h"
+#include "tool_common.hpp"
 
 namespace {
 
@@ -104,23 +104,11 @@ int64_t id_pairs(const int32_t * blocks, int64_t j, int64_t n) {
     return j < 256 * kTop ? int64_t{blocks[j / 256]} * 256 + j % 256 : n / 256 * 256 + (j - 256 * kTop);
 }
 
-double now_us() {
-    return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
 }  // namespace
 
 int main(int argc, char ** argv) {
     const int64_t n_vocab = argc > 1 ? std::atoll(argv[1]) : 151936;
-    std::vector<int64_t> row_counts;
-    {
-        std::string spec = argc > 2 ? argv[2] : "1,8,32,128,256";
-        for (size_t pos = 0; pos <= spec.size();) {
-            const size_t end = std::min(spec.find(',', pos), spec.size());
-            row_counts.push_back(std::atoll(spec.substr(pos, end - pos).c_str()));
-            pos = end + 1;
-        }
-    }
+    const std::vector<int64_t> row_counts = fastpar_bench::int_list(argc > 2 ? argv[2] : "1,8,32,128,256");
     const int iterations = argc > 3 ? std::atoi(argv[3]) : 50;
     if (n_vocab % 128 != 0 || n_vocab / 256 < kTop || iterations < 1) {
         std::fprintf(stderr, "n_vocab must be a multiple of 128 with at least %d blocks of 256\n", kTop);
@@ -185,14 +173,13 @@ int main(int argc, char ** argv) {
             step();
             std::vector<double> batches;
             for (int b = 0; b < 5; ++b) {
-                const double t0 = now_us();
+                const double t0 = fastpar_bench::now_us();
                 for (int i = 0; i < iterations; ++i) {
                     step();
                 }
-                batches.push_back((now_us() - t0) / iterations);
+                batches.push_back((fastpar_bench::now_us() - t0) / iterations);
             }
-            std::sort(batches.begin(), batches.end());
-            return batches[2];
+            return fastpar_bench::median(batches);
         };
 
         std::printf("%6lld %10.1f", static_cast<long long>(rows),
