@@ -20,9 +20,10 @@ namespace fastpar {
 // run one CUB top-k a row on CUDA with CCCL 3.2 and later) and those blocks' logits (one
 // gather). The k best logits of a row, for any k <= kTopBlocks, all lie in those blocks: a
 // block holding one of them has a maximum at least as large as the k-th best, and a block
-// holding none has a smaller one. So greedy and top-k chains pick from the candidates exactly what they
-// would pick from the whole row (up to exact ties at the k-th place), and a step copies
-// kTopBlocks * block logits a row back instead of n_vocab (8,192 of 151,936 for Qwen3).
+// holding none has a smaller one. So greedy and top-k chains pick from the candidates
+// exactly what they would pick from the whole row (up to exact ties at the k-th place),
+// and a step copies kTopBlocks * block logits a row back instead of n_vocab (8,192 of
+// 151,936 for Qwen3).
 //
 // llama.cpp asks each sequence's sampler for its part of the graph in turn; the first one
 // asked builds the three ops over the whole logits tensor, and each returns views of its

@@ -112,7 +112,7 @@ llama_token argmax(const LogitRow & row) {
             }
         }
     } else if (best_block < maxima.size()) {
-        // Blocks come in no particular order: the lowest id of all equal to the largest,
+        // Blocks need not come in id order: the lowest id of all equal to the largest,
         // read one logit at a time only in the blocks whose maximum it is (usually one).
         llama_token t_best = -1;
         for (size_t i = best_block; i < maxima.size(); ++i) {
