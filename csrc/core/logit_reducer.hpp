@@ -15,10 +15,10 @@ namespace fastpar {
 
 // How it works. A row of n_vocab logits is split into blocks of `block` logits (a power of
 // two up to 128 that divides n_vocab). In the graph, for every row at once: the largest
-// logit of each block (one pooling op), the kTopBlocks blocks with the largest maxima (one
-// sort of the n_vocab / block maxima of every row, ggml_argsort_top_k: ggml_top_k would
-// run one CUB top-k a row on CUDA with CCCL 3.2 and later) and those blocks' logits (one
-// gather). The k best logits of a row, for any k <= kTopBlocks, all lie in those blocks: a
+// logit of each block (two pooling ops: over 8 logits, then over those maxima), the
+// kTopBlocks blocks with the largest maxima (one sort of the n_vocab / block maxima of
+// every row, ggml_argsort_top_k: ggml_top_k would run one CUB top-k a row on CUDA with
+// CCCL 3.2 and later) and those blocks' logits (one gather). The k best logits of a row, for any k <= kTopBlocks, all lie in those blocks: a
 // block holding one of them has a maximum at least as large as the k-th best, and a block
 // holding none has a smaller one. So greedy and top-k chains pick from the candidates
 // exactly what they would pick from the whole row (up to exact ties at the k-th place),
