@@ -39,14 +39,6 @@ constexpr size_t kMinPooled = 8;
 // the pass's fixed part, so it does not pay.
 constexpr size_t kMaxPaddedGapGpu = 32;
 
-// With every layer on the GPU, llama.cpp's CPU part of a decode is the token-embedding
-// lookup. Given n_threads > 1 it runs that in an OpenMP team, whose threads then spin for
-// milliseconds waiting for the next one: right when the host chooses tokens on the pool's
-// threads, which end up sharing cores with them, and the next decode waits for team
-// members the kernel put aside. So steps that carry no prompt tokens run it on this many
-// threads (one: no team at all); decodes with prompt tokens keep the context's n_threads.
-constexpr int32_t kGpuStepThreads = 1;
-
 size_t common_prefix(const std::vector<llama_token> & a, const std::vector<llama_token> & b) {
     const size_t n = std::min(a.size(), b.size());
     size_t i = 0;
@@ -98,10 +90,7 @@ Scheduler::Scheduler(const Model & model, llama_context * ctx, llama_batch & bat
       max_padded_gap_(model.output_on_gpu() && !kv_unified && memory_copies_by_position(model.get())
                           ? kMaxPaddedGapGpu
                           : 0),
-      prompts_first_(model.output_on_gpu() && !kv_unified),
-      n_threads_(static_cast<int32_t>(llama_n_threads_batch(ctx))),
-      threads_now_(n_threads_),
-      step_threads_(model.output_on_gpu() ? std::min(kGpuStepThreads, n_threads_) : n_threads_) {
+      prompts_first_(model.output_on_gpu() && !kv_unified) {
     if (device_ != nullptr && device_->attached.size() < static_cast<size_t>(n_parallel)) {
         throw Error("device sampling was set up for fewer slots than the scheduler has");
     }
@@ -115,12 +104,7 @@ Scheduler::Scheduler(const Model & model, llama_context * ctx, llama_batch & bat
     }
 }
 
-Scheduler::~Scheduler() {
-    cancel_all();
-    if (threads_now_ != n_threads_) {
-        llama_set_n_threads(ctx_, n_threads_, n_threads_);  // the context's own, for warm-ups and the next call
-    }
-}
+Scheduler::~Scheduler() { cancel_all(); }
 
 void Scheduler::enqueue(Request request) { queue_.push_back(std::move(request)); }
 
@@ -448,11 +432,6 @@ void Scheduler::decode_group(std::vector<Slot *> group) {
         const bool all_on_device = std::all_of(group.begin(), group.end(),
                                                [](const Slot * s) { return s->i_logits < 0 || s->on_device; });
         device_->reducer->expect(batch_, all_on_device);
-    }
-    const int32_t threads = n_prompt_tokens > 0 ? n_threads_ : step_threads_;
-    if (threads != threads_now_) {
-        llama_set_n_threads(ctx_, threads, threads);
-        threads_now_ = threads;
     }
     const auto t0 = Clock::now();
     const int32_t rc = llama_decode(ctx_, batch_);

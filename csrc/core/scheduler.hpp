@@ -130,11 +130,6 @@ private:
     bool prompts_first_;           // waiting prompts may take a whole batch (GPU)
     int32_t max_decode_waits_ = std::numeric_limits<int32_t>::max();
     int32_t decode_waits_ = 0;     // steps in a row the decoding slots have waited
-    // llama.cpp's threads: the context's, the ones set now, and those for a decode without
-    // prompt tokens (kGpuStepThreads with the whole model on the GPU).
-    int32_t n_threads_;
-    int32_t threads_now_;
-    int32_t step_threads_;
 };
 
 }  // namespace fastpar
