@@ -18,15 +18,15 @@ namespace fastpar {
 // logit of each block (two pooling ops: over 8 logits, then over those maxima), the
 // kTopBlocks blocks with the largest maxima (one sort of the n_vocab / block maxima of
 // every row, ggml_argsort_top_k: ggml_top_k would run one CUB top-k a row on CUDA with
-// CCCL 3.2 and later) and those blocks' logits (one gather). The k best logits of a row, for any k <= kTopBlocks, all lie in those blocks: a
-// block holding one of them has a maximum at least as large as the k-th best, and a block
-// holding none has a smaller one. So greedy and top-k chains pick from the candidates
-// exactly what they would pick from the whole row (up to exact ties at the k-th place),
-// and a step copies kTopBlocks * block logits a row back instead of n_vocab (8,192 of
-// 151,936 for Qwen3).
+// CCCL 3.2 and later) and those blocks' logits (one gather). The k best logits of a row,
+// for any k <= kTopBlocks, all lie in those blocks: a block holding one of them has a
+// maximum at least as large as the k-th best, and a block holding none has a smaller one.
+// So greedy and top-k chains pick from the candidates exactly what they would pick from
+// the whole row (up to exact ties at the k-th place), and a step copies kTopBlocks * block
+// logits a row back instead of n_vocab (8,192 of 151,936 for Qwen3).
 //
 // llama.cpp asks each sequence's sampler for its part of the graph in turn; the first one
-// asked builds the three ops over the whole logits tensor, and each returns views of its
+// asked builds the ops over the whole logits tensor, and each returns views of its
 // own row. One chain per slot goes in with the context (llama_context_params.samplers) and
 // stays, whatever greedy or top-k settings the requests use; only a request that needs
 // whole rows detaches it (a later one attaches a new chain), and each such change makes
