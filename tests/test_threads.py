@@ -66,10 +66,13 @@ def test_two_contexts_of_one_model_run_in_parallel(model, solo):
 
 
 @pytest.mark.parametrize("n_workers", [0, 1, 3, 15])
-def test_sampling_pool_runs_every_item_once_and_rethrows(n_workers):
+@pytest.mark.parametrize("wake_needed, caller_spin_us", [(False, 0), (True, 0), (True, 200)])
+def test_sampling_pool_runs_every_item_once_and_rethrows(n_workers, wake_needed, caller_spin_us):
     # The pool that samples and tokenizes many sequences at once (csrc/core/pool.hpp):
     # 5,000 runs of 0-39 items, every seventh with an item that throws; run() returns only
-    # when every item has run exactly once, and rethrows that exception.
+    # when every item has run exactly once, and rethrows that exception. Also with the
+    # hand-off options bench/c/decode_steps.cpp measures (fewer workers woken, the caller
+    # polling before it sleeps).
     from fastpar import _core
 
-    assert _core._stress_task_pool(n_workers, 5000) == 0
+    assert _core._stress_task_pool(n_workers, 5000, wake_needed, caller_spin_us) == 0

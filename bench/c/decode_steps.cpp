@@ -20,6 +20,10 @@
 //           TaskPool with one worker a CPU but the caller's, as a Context does from 8 rows
 //   calling-greedy, calling-typical
 //           the same choosing, all on the calling thread (no pool)
+//   few-greedy, spin-greedy (and -typical)
+//           on pools with TaskPool's other options: waking only as many workers as there
+//           are rows beyond the caller's first (few), or the caller polling up to 500 us
+//           for the workers' last rows before it sleeps (spin)
 // Printed: the median over runs (the first left out) of a step's decode + synchronise time,
 // ms, and of the time between steps.
 #include <algorithm>
@@ -70,6 +74,10 @@ int main(int argc, char ** argv) {
 
     std::mt19937 rng(1);
     fastpar::TaskPool pool(threads - 1);
+    fastpar::TaskPool::Options few_options, spin_options;
+    few_options.wake_needed = true;
+    spin_options.caller_spin_us = 500;
+    fastpar::TaskPool few_pool(threads - 1, few_options), spin_pool(threads - 1, spin_options);
     fastpar::GenerateParams greedy, typical;
     greedy.temperature = 0.0f;
     typical.temperature = 0.8f;
@@ -94,13 +102,17 @@ int main(int argc, char ** argv) {
         }
         llama_batch batch = llama_batch_init(512, 0, 1);
         llama_memory_t mem = llama_get_memory(ctx);
-        const char * ways[] = {"none", "read", "touch", "pool-greedy", "calling-greedy", "pool-typical",
-                               "calling-typical"};
+        const char * ways[] = {"none",         "read",           "touch",      "pool-greedy",
+                               "calling-greedy", "few-greedy",   "spin-greedy", "pool-typical",
+                               "calling-typical", "few-typical", "spin-typical"};
         for (int round = 0; round < 2; ++round)
         for (const char * way : ways) {
             const std::string w = way;
-            const bool on_pool = w.rfind("pool-", 0) == 0;
-            const bool fastpar_way = on_pool || w.rfind("calling-", 0) == 0;
+            fastpar::TaskPool * way_pool = w.rfind("pool-", 0) == 0   ? &pool
+                                           : w.rfind("few-", 0) == 0  ? &few_pool
+                                           : w.rfind("spin-", 0) == 0 ? &spin_pool
+                                                                      : nullptr;
+            const bool fastpar_way = way_pool != nullptr || w.rfind("calling-", 0) == 0;
             const fastpar::GenerateParams & params = w.find("typical") != std::string::npos ? typical : greedy;
             std::vector<fastpar::SamplerPtr> chains;
             for (int s = 0; s < n; ++s) {
@@ -150,8 +162,8 @@ int main(int argc, char ** argv) {
                             thread_local std::vector<llama_token_data> cur;
                             next[i] = fastpar::sample_logits(chains[i].get(), params, rows[i], cur);
                         };
-                        if (on_pool) {
-                            pool.run(static_cast<size_t>(n), pick);
+                        if (way_pool != nullptr) {
+                            way_pool->run(static_cast<size_t>(n), pick);
                         } else if (fastpar_way) {
                             for (size_t i = 0; i < static_cast<size_t>(n); ++i) {
                                 pick(i);

@@ -1,10 +1,13 @@
 #include "core/pool.hpp"
 
+#include <algorithm>
+#include <chrono>
+
 #include "core/errors.hpp"
 
 namespace fastpar {
 
-TaskPool::TaskPool(int32_t n_workers) {
+TaskPool::TaskPool(int32_t n_workers, Options options) : options_(options) {
     for (int32_t i = 0; i < n_workers; ++i) {
         workers_.emplace_back([this] { work(); });
     }
@@ -79,8 +82,22 @@ void TaskPool::run(size_t n, const std::function<void(size_t)> & fn) {
         job_ = job;
         ++generation_;
     }
-    wake_.notify_all();
+    const size_t wake = options_.wake_needed ? std::min(workers_.size(), n - 1) : workers_.size();
+    if (wake == workers_.size()) {
+        wake_.notify_all();
+    } else {
+        // A worker woken for an earlier run and not yet back to waiting may take one of
+        // these wake-ups; it then finds this run's items all the same.
+        for (size_t i = 0; i < wake; ++i) {
+            wake_.notify_one();
+        }
+    }
     drain(*job);
+    if (options_.caller_spin_us > 0) {
+        const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(options_.caller_spin_us);
+        while (job->done.load() != n && std::chrono::steady_clock::now() < until) {
+        }
+    }
     std::exception_ptr error;
     {
         std::unique_lock<std::mutex> lock(mutex_);
@@ -93,8 +110,11 @@ void TaskPool::run(size_t n, const std::function<void(size_t)> & fn) {
     }
 }
 
-int64_t stress_task_pool(int32_t n_workers, int32_t runs) {
-    TaskPool pool(n_workers);
+int64_t stress_task_pool(int32_t n_workers, int32_t runs, bool wake_needed, int32_t caller_spin_us) {
+    TaskPool::Options options;
+    options.wake_needed = wake_needed;
+    options.caller_spin_us = caller_spin_us;
+    TaskPool pool(n_workers, options);
     uint32_t state = 12345u + static_cast<uint32_t>(n_workers);
     const auto next = [&state] {  // a small LCG: the same runs everywhere
         state = state * 1664525u + 1013904223u;

@@ -18,8 +18,20 @@ namespace fastpar {
 
 class TaskPool {
 public:
+    // How run() hands items out and waits; the defaults are what a Context uses. The
+    // others exist to measure the hand-off (bench/c/decode_steps.cpp).
+    struct Options {
+        // Wake only as many workers as there are items beyond the caller's first (the
+        // default wakes every worker).
+        bool wake_needed = false;
+        // Once its own items are done, the caller polls for the workers' last ones this
+        // many microseconds before it sleeps on the condition variable (0: sleeps at once).
+        int32_t caller_spin_us = 0;
+    };
+
     // n_workers threads besides the caller; 0 makes run() a plain loop.
-    explicit TaskPool(int32_t n_workers);
+    explicit TaskPool(int32_t n_workers) : TaskPool(n_workers, Options{}) {}
+    TaskPool(int32_t n_workers, Options options);
     ~TaskPool();
     TaskPool(const TaskPool &) = delete;
     TaskPool & operator=(const TaskPool &) = delete;
@@ -45,6 +57,7 @@ private:
     void work();
     void drain(Job & job);
 
+    Options options_;
     std::vector<std::thread> workers_;
     std::mutex mutex_;
     std::condition_variable wake_, done_;
@@ -53,9 +66,9 @@ private:
     bool stop_ = false;
 };
 
-// For tests: `runs` runs of 0 to 39 items on a pool of `n_workers`, every seventh with
-// one item that throws. Returns how many runs broke run()'s contract: an item run other
-// than once, an exception lost, or one thrown where none was.
-int64_t stress_task_pool(int32_t n_workers, int32_t runs);
+// For tests: `runs` runs of 0 to 39 items on a pool of `n_workers` with those options,
+// every seventh with one item that throws. Returns how many runs broke run()'s contract:
+// an item run other than once, an exception lost, or one thrown where none was.
+int64_t stress_task_pool(int32_t n_workers, int32_t runs, bool wake_needed = false, int32_t caller_spin_us = 0);
 
 }  // namespace fastpar

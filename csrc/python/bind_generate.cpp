@@ -80,7 +80,8 @@ void register_generate(py::module_ & m) {
         },
         "For tests: tokens fastpar's host sampling picks next to those llama.cpp's own chain picks "
         "(core/sampling.hpp, sample_against_llama).");
-    m.def("_stress_task_pool", &stress_task_pool, py::call_guard<py::gil_scoped_release>(),
+    m.def("_stress_task_pool", &stress_task_pool, py::call_guard<py::gil_scoped_release>(), py::arg("n_workers"),
+          py::arg("runs"), py::arg("wake_needed") = false, py::arg("caller_spin_us") = 0,
           "For tests: runs that broke the sampling pool's contract (core/pool.hpp, stress_task_pool).");
     py::class_<ContextParams>(m, "ContextParams", "Options of a context; defaults are fastpar's.")
         .def(py::init<>())
