@@ -24,6 +24,8 @@
 //           on pools with TaskPool's other options: waking only as many workers as there
 //           are rows beyond the caller's first (few), or the caller polling up to 500 us
 //           for the workers' last rows before it sleeps (spin)
+//   p4-greedy, p4-typical
+//           on a pool of 3 workers and the caller (fewer cores busy between the steps)
 // Printed: the median over runs (the first left out) of a step's decode + synchronise time,
 // ms, and of the time between steps.
 #include <algorithm>
@@ -78,6 +80,7 @@ int main(int argc, char ** argv) {
     few_options.wake_needed = true;
     spin_options.caller_spin_us = 500;
     fastpar::TaskPool few_pool(threads - 1, few_options), spin_pool(threads - 1, spin_options);
+    fastpar::TaskPool p4_pool(std::min(3, threads - 1));
     fastpar::GenerateParams greedy, typical;
     greedy.temperature = 0.0f;
     typical.temperature = 0.8f;
@@ -102,15 +105,17 @@ int main(int argc, char ** argv) {
         }
         llama_batch batch = llama_batch_init(512, 0, 1);
         llama_memory_t mem = llama_get_memory(ctx);
-        const char * ways[] = {"none",         "read",           "touch",      "pool-greedy",
-                               "calling-greedy", "few-greedy",   "spin-greedy", "pool-typical",
-                               "calling-typical", "few-typical", "spin-typical"};
+        const char * ways[] = {"none",        "read",         "touch",          "pool-greedy",
+                               "calling-greedy", "few-greedy", "spin-greedy", "p4-greedy",
+                               "pool-typical", "calling-typical", "few-typical", "spin-typical",
+                               "p4-typical"};
         for (int round = 0; round < 2; ++round)
         for (const char * way : ways) {
             const std::string w = way;
             fastpar::TaskPool * way_pool = w.rfind("pool-", 0) == 0   ? &pool
                                            : w.rfind("few-", 0) == 0  ? &few_pool
                                            : w.rfind("spin-", 0) == 0 ? &spin_pool
+                                           : w.rfind("p4-", 0) == 0   ? &p4_pool
                                                                       : nullptr;
             const bool fastpar_way = way_pool != nullptr || w.rfind("calling-", 0) == 0;
             const fastpar::GenerateParams & params = w.find("typical") != std::string::npos ? typical : greedy;
