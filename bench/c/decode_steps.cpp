@@ -2,7 +2,7 @@
 // reading the logits on the host between steps.
 //
 //   cmake --build <build dir> --target fastpar-decode-steps     (FASTPAR_BUILD_BASELINES=ON)
-//   <build dir>/fastpar-decode-steps <model.gguf> [slots,...] [runs] [n_gpu_layers]
+//   <build dir>/fastpar-decode-steps <model.gguf> [slots,...] [runs] [n_gpu_layers] [ways]
 //
 // For each number of slots: one context as a fastpar Context makes it (n_ctx = slots x 90,
 // n_batch = n_ubatch = 512, one sequence a slot, KV cache not unified, as many threads as
@@ -26,6 +26,11 @@
 //           for the workers' last rows before it sleeps (spin)
 //   p4-greedy, p4-typical
 //           on a pool of 3 workers and the caller (fewer cores busy between the steps)
+//   ant-greedy, ant-typical
+//           on a pool with the options a Context uses when the output layer is on a GPU
+//           (workers waking ahead of the next step's sampling and polling for it, the
+//           caller polling for their last rows: context.cpp)
+// `ways` (a comma-separated list of the names above) runs only those.
 // Printed: the median over runs (the first left out) of a step's decode + synchronise time,
 // ms, and of the time between steps.
 #include <algorithm>
@@ -51,12 +56,13 @@ double now_ms() { return fastpar_bench::now_us() / 1000.0; }
 
 int main(int argc, char ** argv) {
     if (argc < 2) {
-        std::fprintf(stderr, "usage: %s model.gguf [slots,...] [runs] [n_gpu_layers]\n", argv[0]);
+        std::fprintf(stderr, "usage: %s model.gguf [slots,...] [runs] [n_gpu_layers] [ways]\n", argv[0]);
         return 2;
     }
     const std::vector<int64_t> slot_counts = fastpar_bench::int_list(argc > 2 ? argv[2] : "1,8,32");
     const int runs = argc > 3 ? std::max(2, std::atoi(argv[3])) : 4;
     const int n_gpu_layers = argc > 4 ? std::atoi(argv[4]) : 999;
+    const std::string only = argc > 5 ? "," + std::string(argv[5]) + "," : "";
     const int kPrompt = 32, kGen = 50;
 
     llama_log_set([](ggml_log_level, const char *, void *) {}, nullptr);
@@ -81,6 +87,10 @@ int main(int argc, char ** argv) {
     spin_options.caller_spin_us = 500;
     fastpar::TaskPool few_pool(threads - 1, few_options), spin_pool(threads - 1, spin_options);
     fastpar::TaskPool p4_pool(std::min(3, threads - 1));
+    fastpar::TaskPool::Options ant_options;  // as context.cpp's kGpuPool*
+    ant_options.anticipate_us = 200;
+    ant_options.caller_spin_us = 100;
+    fastpar::TaskPool ant_pool(threads - 1, ant_options);
     fastpar::GenerateParams greedy, typical;
     greedy.temperature = 0.0f;
     typical.temperature = 0.8f;
@@ -107,15 +117,19 @@ int main(int argc, char ** argv) {
         llama_memory_t mem = llama_get_memory(ctx);
         const char * ways[] = {"none",        "read",         "touch",          "pool-greedy",
                                "calling-greedy", "few-greedy", "spin-greedy", "p4-greedy",
-                               "pool-typical", "calling-typical", "few-typical", "spin-typical",
-                               "p4-typical"};
+                               "ant-greedy", "pool-typical", "calling-typical", "few-typical",
+                               "spin-typical", "p4-typical", "ant-typical"};
         for (int round = 0; round < 2; ++round)
         for (const char * way : ways) {
             const std::string w = way;
+            if (!only.empty() && only.find("," + w + ",") == std::string::npos) {
+                continue;
+            }
             fastpar::TaskPool * way_pool = w.rfind("pool-", 0) == 0   ? &pool
                                            : w.rfind("few-", 0) == 0  ? &few_pool
                                            : w.rfind("spin-", 0) == 0 ? &spin_pool
                                            : w.rfind("p4-", 0) == 0   ? &p4_pool
+                                           : w.rfind("ant-", 0) == 0  ? &ant_pool
                                                                       : nullptr;
             const bool fastpar_way = way_pool != nullptr || w.rfind("calling-", 0) == 0;
             const fastpar::GenerateParams & params = w.find("typical") != std::string::npos ? typical : greedy;

@@ -3,13 +3,33 @@
 #include <algorithm>
 #include <chrono>
 
+#if defined(__x86_64__) || defined(__i386__) || defined(_M_X64)
+#include <immintrin.h>
+#endif
+
 #include "core/errors.hpp"
 
 namespace fastpar {
 
+namespace {
+
+// Runs further apart than this are not anticipated (anticipate_us).
+constexpr int kMaxPaceMs = 100;
+
+// In a polling loop: tells the CPU so (frees a shared core's other thread meanwhile).
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__) || defined(_M_X64)
+    _mm_pause();
+#elif defined(__aarch64__)
+    asm volatile("yield");
+#endif
+}
+
+}  // namespace
+
 TaskPool::TaskPool(int32_t n_workers, Options options) : options_(options) {
     for (int32_t i = 0; i < n_workers; ++i) {
-        workers_.emplace_back([this] { work(); });
+        workers_.emplace_back([this, i] { work(static_cast<size_t>(i)); });
     }
 }
 
@@ -43,13 +63,32 @@ void TaskPool::drain(Job & job) {
     }
 }
 
-void TaskPool::work() {
-    uint64_t seen = 0;
+void TaskPool::anticipate(std::unique_lock<std::mutex> & lock, size_t index, uint64_t seen, uint64_t & anticipated) {
+    const auto posted = [&] { return stop_.load() || generation_.load() != seen; };
+    while (!posted() && anticipated != anticipation_ && index < n_anticipate_) {
+        anticipated = anticipation_;
+        const Clock::time_point wake_at = wake_at_, poll_until = poll_until_;
+        if (wake_.wait_until(lock, wake_at, posted)) {
+            return;
+        }
+        lock.unlock();
+        while (!posted() && Clock::now() < poll_until) {
+            cpu_relax();
+        }
+        lock.lock();
+    }
+}
+
+void TaskPool::work(size_t index) {
+    uint64_t seen = 0, anticipated = 0;
     for (;;) {
         std::shared_ptr<Job> job;
         {
             std::unique_lock<std::mutex> lock(mutex_);
-            wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
+            if (options_.anticipate_us > 0) {
+                anticipate(lock, index, seen, anticipated);
+            }
+            wake_.wait(lock, [&] { return stop_.load() || generation_.load() != seen; });
             if (stop_) {
                 return;
             }
@@ -74,13 +113,29 @@ void TaskPool::run(size_t n, const std::function<void(size_t)> & fn) {
         }
         return;
     }
+    const Clock::time_point start = Clock::now();
     auto job = std::make_shared<Job>();
     job->fn = &fn;
     job->n = n;
     {
         std::lock_guard<std::mutex> lock(mutex_);
         job_ = job;
-        ++generation_;
+        generation_.fetch_add(1);
+        if (options_.anticipate_us > 0) {
+            // The next run is expected as long after this one as this one came after the
+            // last (set now, so that the workers find it when they are done with this
+            // one); a pause much longer than a generation step is not a pace to keep.
+            const auto period = start - last_start_;
+            const auto lead = std::chrono::microseconds(options_.anticipate_us);
+            if (have_last_start_ && period < std::chrono::milliseconds(kMaxPaceMs)) {
+                wake_at_ = start + period - lead;
+                poll_until_ = start + period + lead;
+                n_anticipate_ = std::min(workers_.size(), n - 1);
+                ++anticipation_;
+            }
+            last_start_ = start;
+            have_last_start_ = true;
+        }
     }
     const size_t wake = options_.wake_needed ? std::min(workers_.size(), n - 1) : workers_.size();
     if (wake == workers_.size()) {
@@ -96,6 +151,7 @@ void TaskPool::run(size_t n, const std::function<void(size_t)> & fn) {
     if (options_.caller_spin_us > 0) {
         const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(options_.caller_spin_us);
         while (job->done.load() != n && std::chrono::steady_clock::now() < until) {
+            cpu_relax();
         }
     }
     std::exception_ptr error;
@@ -110,10 +166,12 @@ void TaskPool::run(size_t n, const std::function<void(size_t)> & fn) {
     }
 }
 
-int64_t stress_task_pool(int32_t n_workers, int32_t runs, bool wake_needed, int32_t caller_spin_us) {
+int64_t stress_task_pool(int32_t n_workers, int32_t runs, bool wake_needed, int32_t caller_spin_us,
+                         int32_t anticipate_us) {
     TaskPool::Options options;
     options.wake_needed = wake_needed;
     options.caller_spin_us = caller_spin_us;
+    options.anticipate_us = anticipate_us;
     TaskPool pool(n_workers, options);
     uint32_t state = 12345u + static_cast<uint32_t>(n_workers);
     const auto next = [&state] {  // a small LCG: the same runs everywhere
@@ -125,6 +183,9 @@ int64_t stress_task_pool(int32_t n_workers, int32_t runs, bool wake_needed, int3
         const size_t n = next() % 40;
         std::vector<std::atomic<int>> hits(n);
         const int64_t throw_at = (r % 7 == 0 && n > 0) ? static_cast<int64_t>(next() % n) : -1;
+        if (anticipate_us > 0) {  // an uneven pace: runs before, during and after the polling
+            std::this_thread::sleep_for(std::chrono::microseconds(anticipate_us * static_cast<int32_t>(next() % 3)));
+        }
         bool thrown = false;
         try {
             pool.run(n, [&](size_t i) {

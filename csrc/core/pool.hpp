@@ -4,6 +4,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -27,6 +28,14 @@ public:
         // Once its own items are done, the caller polls for the workers' last ones this
         // many microseconds before it sleeps on the condition variable (0: sleeps at once).
         int32_t caller_spin_us = 0;
+        // For runs that come at a steady pace (one a generation step): after a run, as
+        // many workers as it needed wake by themselves this many microseconds before the
+        // next run is due (as long after this one's start as this one started after the
+        // last's) and poll for it until as long after it is due, then sleep as usual. A sleeping
+        // worker takes tens of microseconds to run once woken, on some machines more
+        // than its items take; this spends up to twice anticipate_us of each such
+        // worker's time a run to save that. 0: off (workers sleep until a run wakes them).
+        int32_t anticipate_us = 0;
     };
 
     // n_workers threads besides the caller; 0 makes run() a plain loop.
@@ -54,21 +63,36 @@ private:
         std::exception_ptr error;  // under the pool's mutex
     };
 
-    void work();
+    using Clock = std::chrono::steady_clock;
+
+    void work(size_t index);
     void drain(Job & job);
+    // anticipate_us: the worker's wait for the next run, woken early and polling.
+    void anticipate(std::unique_lock<std::mutex> & lock, size_t index, uint64_t seen, uint64_t & anticipated);
 
     Options options_;
     std::vector<std::thread> workers_;
     std::mutex mutex_;
     std::condition_variable wake_, done_;
     std::shared_ptr<Job> job_;  // the run under way, if any
-    uint64_t generation_ = 0;
-    bool stop_ = false;
+    // Written under the mutex; atomic so that polling workers can read it without.
+    std::atomic<uint64_t> generation_{0};
+    std::atomic<bool> stop_{false};
+    // anticipate_us, under the mutex: when the last run started, and for the next one,
+    // the workers 0 .. n_anticipate_ - 1 wake at wake_at_ and poll until poll_until_;
+    // each does so once a run (anticipation_ counts the runs that set them).
+    Clock::time_point last_start_{};
+    bool have_last_start_ = false;
+    Clock::time_point wake_at_{}, poll_until_{};
+    size_t n_anticipate_ = 0;
+    uint64_t anticipation_ = 0;
 };
 
 // For tests: `runs` runs of 0 to 39 items on a pool of `n_workers` with those options,
-// every seventh with one item that throws. Returns how many runs broke run()'s contract:
+// every seventh with one item that throws (with anticipate_us, 0 to 2 anticipate_us
+// apart). Returns how many runs broke run()'s contract:
 // an item run other than once, an exception lost, or one thrown where none was.
-int64_t stress_task_pool(int32_t n_workers, int32_t runs, bool wake_needed = false, int32_t caller_spin_us = 0);
+int64_t stress_task_pool(int32_t n_workers, int32_t runs, bool wake_needed = false, int32_t caller_spin_us = 0,
+                         int32_t anticipate_us = 0);
 
 }  // namespace fastpar

@@ -82,6 +82,7 @@ void register_generate(py::module_ & m) {
         "(core/sampling.hpp, sample_against_llama).");
     m.def("_stress_task_pool", &stress_task_pool, py::call_guard<py::gil_scoped_release>(), py::arg("n_workers"),
           py::arg("runs"), py::arg("wake_needed") = false, py::arg("caller_spin_us") = 0,
+          py::arg("anticipate_us") = 0,
           "For tests: runs that broke the sampling pool's contract (core/pool.hpp, stress_task_pool).");
     py::class_<ContextParams>(m, "ContextParams", "Options of a context; defaults are fastpar's.")
         .def(py::init<>())
