@@ -31,9 +31,9 @@ public:
         // For runs that come at a steady pace (one a generation step): after a run, as
         // many workers as it needed wake by themselves this many microseconds before the
         // next run is due (as long after this one's start as this one started after the
-        // last's) and poll for it until as long after it is due, then sleep as usual. A sleeping
-        // worker takes tens of microseconds to run once woken, on some machines more
-        // than its items take; this spends up to twice anticipate_us of each such
+        // last's) and poll for it until as long after it is due, then sleep as usual. A
+        // sleeping worker takes tens of microseconds to run once woken, on some machines
+        // more than its items take; this spends up to twice anticipate_us of each such
         // worker's time a run to save that. 0: off (workers sleep until a run wakes them).
         int32_t anticipate_us = 0;
     };
@@ -90,8 +90,8 @@ private:
 
 // For tests: `runs` runs of 0 to 39 items on a pool of `n_workers` with those options,
 // every seventh with one item that throws (with anticipate_us, 0 to 2 anticipate_us
-// apart). Returns how many runs broke run()'s contract:
-// an item run other than once, an exception lost, or one thrown where none was.
+// apart). Returns how many runs broke run()'s contract: an item run other than once, an
+// exception lost, or one thrown where none was.
 int64_t stress_task_pool(int32_t n_workers, int32_t runs, bool wake_needed = false, int32_t caller_spin_us = 0,
                          int32_t anticipate_us = 0);
 
