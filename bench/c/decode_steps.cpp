@@ -29,7 +29,7 @@
 //   ant-greedy, ant-typical
 //           on a pool with the options a Context uses when the output layer is on a GPU
 //           (workers waking ahead of the next step's sampling and polling for it, the
-//           caller polling for their last rows: context.cpp)
+//           caller polling for their last rows: TaskPool::Options::for_gpu_output)
 // `ways` (a comma-separated list of the names above) runs only those.
 // Printed: the median over runs (the first left out) of a step's decode + synchronise time,
 // ms, and of the time between steps.
@@ -87,10 +87,7 @@ int main(int argc, char ** argv) {
     spin_options.caller_spin_us = 500;
     fastpar::TaskPool few_pool(threads - 1, few_options), spin_pool(threads - 1, spin_options);
     fastpar::TaskPool p4_pool(std::min(3, threads - 1));
-    fastpar::TaskPool::Options ant_options;  // as context.cpp's kGpuPool*
-    ant_options.anticipate_us = 200;
-    ant_options.caller_spin_us = 100;
-    fastpar::TaskPool ant_pool(threads - 1, ant_options);
+    fastpar::TaskPool ant_pool(threads - 1, fastpar::TaskPool::Options::for_gpu_output());
     fastpar::GenerateParams greedy, typical;
     greedy.temperature = 0.0f;
     typical.temperature = 0.8f;

@@ -16,14 +16,6 @@ namespace {
 // llama.cpp's physical batch: larger ubatches grow the compute buffer for little gain on CPU.
 constexpr int32_t kMaxUbatch = 512;
 
-// With the output layer on a GPU the pool's cores are idle while a step runs there, and
-// a step takes milliseconds: its workers wake this many microseconds before the next
-// step's sampling is due and poll for it, and the caller polls for their last rows this
-// long before it sleeps (TaskPool::Options). On the CPU they would take cores from
-// llama.cpp's own threads, so they sleep between runs there.
-constexpr int32_t kGpuPoolAnticipateUs = 200;
-constexpr int32_t kGpuPoolCallerSpinUs = 100;
-
 #ifdef FASTPAR_DEBUG
 void print_stats(const Stats & s) {
     std::fprintf(stderr,
@@ -89,11 +81,9 @@ Context::Context(std::shared_ptr<const Model> model, const ContextParams & param
     n_ctx_seq_ = std::min(params_.n_ctx_per_seq, actual);
     batch_ = llama_batch_init(params_.n_batch, 0, 1);
     // Host sampling of many sequences at once uses the decode threads' cores, idle then.
-    TaskPool::Options pool_options;
-    if (model_->output_on_gpu()) {
-        pool_options.anticipate_us = kGpuPoolAnticipateUs;
-        pool_options.caller_spin_us = kGpuPoolCallerSpinUs;
-    }
+    // With the output layer on a GPU, its workers wake ahead of each step (for_gpu_output).
+    const TaskPool::Options pool_options =
+        model_->output_on_gpu() ? TaskPool::Options::for_gpu_output() : TaskPool::Options{};
     pool_ = std::make_unique<TaskPool>(std::max(0, n_threads_ - 1), pool_options);
     llama_set_abort_callback(
         ctx_, [](void * data) { return static_cast<std::atomic<bool> *>(data)->load(); }, &abort_);

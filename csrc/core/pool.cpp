@@ -64,15 +64,14 @@ void TaskPool::drain(Job & job) {
 }
 
 void TaskPool::anticipate(std::unique_lock<std::mutex> & lock, size_t index, uint64_t seen, uint64_t & anticipated) {
-    const auto posted = [&] { return stop_.load() || generation_.load() != seen; };
-    while (!posted() && anticipated != anticipation_ && index < n_anticipate_) {
+    while (!posted(seen) && anticipated != anticipation_ && index < n_anticipate_) {
         anticipated = anticipation_;
         const Clock::time_point wake_at = wake_at_, poll_until = poll_until_;
-        if (wake_.wait_until(lock, wake_at, posted)) {
+        if (wake_.wait_until(lock, wake_at, [&] { return posted(seen); })) {
             return;
         }
         lock.unlock();
-        while (!posted() && Clock::now() < poll_until) {
+        while (!posted(seen) && Clock::now() < poll_until) {
             cpu_relax();
         }
         lock.lock();
@@ -88,7 +87,7 @@ void TaskPool::work(size_t index) {
             if (options_.anticipate_us > 0) {
                 anticipate(lock, index, seen, anticipated);
             }
-            wake_.wait(lock, [&] { return stop_.load() || generation_.load() != seen; });
+            wake_.wait(lock, [&] { return posted(seen); });
             if (stop_) {
                 return;
             }
@@ -113,7 +112,6 @@ void TaskPool::run(size_t n, const std::function<void(size_t)> & fn) {
         }
         return;
     }
-    const Clock::time_point start = Clock::now();
     auto job = std::make_shared<Job>();
     job->fn = &fn;
     job->n = n;
@@ -125,6 +123,7 @@ void TaskPool::run(size_t n, const std::function<void(size_t)> & fn) {
             // The next run is expected as long after this one as this one came after the
             // last (set now, so that the workers find it when they are done with this
             // one); a pause much longer than a generation step is not a pace to keep.
+            const Clock::time_point start = Clock::now();
             const auto period = start - last_start_;
             const auto lead = std::chrono::microseconds(options_.anticipate_us);
             if (have_last_start_ && period < std::chrono::milliseconds(kMaxPaceMs)) {
@@ -149,8 +148,8 @@ void TaskPool::run(size_t n, const std::function<void(size_t)> & fn) {
     }
     drain(*job);
     if (options_.caller_spin_us > 0) {
-        const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(options_.caller_spin_us);
-        while (job->done.load() != n && std::chrono::steady_clock::now() < until) {
+        const auto until = Clock::now() + std::chrono::microseconds(options_.caller_spin_us);
+        while (job->done.load() != n && Clock::now() < until) {
             cpu_relax();
         }
     }

@@ -36,6 +36,18 @@ public:
         // more than its items take; this spends up to twice anticipate_us of each such
         // worker's time a run to save that. 0: off (workers sleep until a run wakes them).
         int32_t anticipate_us = 0;
+
+        // What a Context uses when the output layer is on a GPU: its pool's cores are
+        // idle while a step runs there, and a step takes milliseconds, so workers wake
+        // 200 us before the next step's sampling is due and poll for it, and the caller
+        // polls 100 us for their last rows before it sleeps. (On the CPU they would take
+        // cores from llama.cpp's own threads, so a CPU Context keeps the defaults.)
+        static Options for_gpu_output() {
+            Options options;
+            options.anticipate_us = 200;
+            options.caller_spin_us = 100;
+            return options;
+        }
     };
 
     // n_workers threads besides the caller; 0 makes run() a plain loop.
@@ -67,6 +79,8 @@ private:
 
     void work(size_t index);
     void drain(Job & job);
+    // Whether a worker that last took run `seen` has something new: a run, or the stop.
+    bool posted(uint64_t seen) const { return stop_.load() || generation_.load() != seen; }
     // anticipate_us: the worker's wait for the next run, woken early and polling.
     void anticipate(std::unique_lock<std::mutex> & lock, size_t index, uint64_t seen, uint64_t & anticipated);
 
