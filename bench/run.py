@@ -210,7 +210,10 @@ def timed(fn):
 def batched_bench(binary, model_path, n_par, pl, gl, runs, threads, gpu, shared=0):
     """Runs llama-batched-bench: `runs` runs of one wave (n_par sequences, pl prompt and gl
     new tokens each) in one process -> [(T_PP, T_TG, T) seconds] a run, as it prints them."""
-    cmd = [binary, "-m", model_path, "-c", str(n_par * (pl + gl + 16)), "-b", "512", "-ub", "512", "-npp", str(pl),
+    # The physical batch fastpar's Context takes by default (ContextParams::n_batch): 2048 with
+    # layers on a GPU, 512 on the CPU.
+    ub = "2048" if gpu else "512"
+    cmd = [binary, "-m", model_path, "-c", str(n_par * (pl + gl + 16)), "-b", ub, "-ub", ub, "-npp", str(pl),
            "-ntg", str(gl), "-npl", ",".join([str(n_par)] * runs), "-t", str(threads), "-no-kvu"]
     if gpu:
         cmd += ["-ngl", "999"]

@@ -27,6 +27,23 @@ def test_n_parallel_above_llama_cpp_limit_is_a_clear_error(model):
         fastpar.Context(model, n_parallel=257, n_ctx_per_seq=64)
 
 
+def test_default_n_batch_follows_the_backend_and_n_parallel(model):
+    # 512 on the CPU, 2048 with layers on a GPU (fewer, larger prompt batches), and never
+    # below n_parallel; an explicit n_batch is kept as given.
+    base = 2048 if ON_GPU else 512
+    assert fastpar.Context(model, n_parallel=4, n_ctx_per_seq=64).n_batch == base
+    assert fastpar.Context(model, n_parallel=4, n_ctx_per_seq=64, n_batch=96).n_batch == 96
+    if not ON_GPU:
+        assert fastpar.Context(model, n_parallel=256, n_ctx_per_seq=8, warmup=False).n_batch == 512
+    # A prompt longer than the physical batch still goes through whole.
+    ctx = fastpar.Context(model, n_parallel=2, n_ctx_per_seq=base + 64)
+    text = " ".join(["tokens"] * (base + 8))
+    res = fastpar.generate_parallel(ctx, [text, "Hi"], max_tokens=2, temperature=0.0, ignore_eos=True)
+    assert res[0].finish_reason == "length" and res[0].n_prompt_tokens > base
+    assert ctx.last_stats.n_decode_calls >= 3
+    assert_clean(ctx)
+
+
 @pytest.mark.skipif(ON_GPU, reason="the model is on the GPU in this run")
 def test_model_on_the_cpu_samples_on_the_host(model):
     ctx = fastpar.Context(model, n_parallel=8, n_ctx_per_seq=128)

@@ -94,6 +94,7 @@ def test_bad_generation_options_raise_value_error(model, kwargs, match):
     (dict(n_parallel=257), "n_parallel"),
     (dict(n_ctx_per_seq=1), "n_ctx_per_seq"),
     (dict(n_parallel=8, n_batch=4), "n_batch"),
+    (dict(n_batch=0), "n_batch"),
     (dict(n_threads=0), "n_threads"),
 ])
 def test_bad_context_options_raise_value_error(model, kwargs, match):

@@ -58,7 +58,6 @@ int main(int argc, char ** argv) {
     fastpar_context_params cp = fastpar_context_default_params();
     cp.n_parallel = atoi(argv[3]);
     cp.n_ctx_per_seq = atoi(argv[4]);
-    cp.n_batch = cp.n_parallel > cp.n_batch ? cp.n_parallel : cp.n_batch;
     cp.n_threads = atoi(argv[9]);
     if (fastpar_context_new(model, cp, &ctx) != FASTPAR_OK) {
         fprintf(stderr, "context: %s\n", fastpar_last_error());

@@ -56,7 +56,8 @@ typedef struct fastpar_model_params {
 typedef struct fastpar_context_params {
     int32_t n_parallel;    /* slots decoded together, 1..256 */
     int32_t n_ctx_per_seq; /* positions one prompt plus its generation may use */
-    int32_t n_batch;       /* most tokens per llama_decode call, >= n_parallel */
+    int32_t n_batch;       /* most tokens per llama_decode call, >= n_parallel; 0 = auto (the larger
+                              of n_parallel and 512, or 2048 with a layer on a GPU) */
     int32_t n_threads;     /* 0 = one per hardware thread */
     bool kv_unified;
     int32_t device_sampling; /* 1 cut logits down to candidates in the graph, 0 whole rows to the

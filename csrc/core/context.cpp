@@ -13,8 +13,8 @@
 namespace fastpar {
 namespace {
 
-// llama.cpp's physical batch: larger ubatches grow the compute buffer for little gain on CPU.
-constexpr int32_t kMaxUbatch = 512;
+// llama.cpp's physical batch (n_ubatch) for a model: params.hpp says why.
+int32_t max_ubatch(const Model & model) { return model.on_gpu() ? kGpuBatch : kCpuBatch; }
 
 #ifdef FASTPAR_DEBUG
 void print_stats(const Stats & s) {
@@ -42,13 +42,16 @@ Context::Context(std::shared_ptr<const Model> model, const ContextParams & param
         throw InvalidArgument("model is null");
     }
     validate(params_);
+    if (params_.n_batch == 0) {
+        params_.n_batch = std::max(params_.n_parallel, max_ubatch(*model_));
+    }
     n_threads_ = params_.n_threads > 0 ? params_.n_threads
                                        : static_cast<int32_t>(std::max(1u, std::thread::hardware_concurrency()));
 
     llama_context_params cp = llama_context_default_params();
     cp.n_ctx = static_cast<uint32_t>(params_.n_parallel) * static_cast<uint32_t>(params_.n_ctx_per_seq);
     cp.n_batch = static_cast<uint32_t>(params_.n_batch);
-    cp.n_ubatch = static_cast<uint32_t>(std::min(params_.n_batch, kMaxUbatch));
+    cp.n_ubatch = static_cast<uint32_t>(std::min(params_.n_batch, max_ubatch(*model_)));
     cp.n_seq_max = static_cast<uint32_t>(params_.n_parallel);
     cp.n_threads = n_threads_;
     cp.n_threads_batch = n_threads_;
@@ -106,7 +109,7 @@ void Context::warm_up() {
     // twice (llama.cpp's CUDA backend captures a graph the second time it sees it). Every
     // slot's positions are removed afterwards; only the device's state stays.
     const int32_t n = params_.n_parallel;
-    const int32_t n_prompt = std::min(std::max(1, std::min(params_.n_batch, kMaxUbatch) / n), n_ctx_seq_ - 2);
+    const int32_t n_prompt = std::min(std::max(1, std::min(params_.n_batch, max_ubatch(*model_)) / n), n_ctx_seq_ - 2);
     if (n_prompt < 1) {
         return;  // a slot holds fewer than three positions: nothing call-shaped fits
     }

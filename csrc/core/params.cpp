@@ -49,8 +49,8 @@ void validate(const ContextParams & p) {
     if (static_cast<int64_t>(p.n_parallel) * p.n_ctx_per_seq > INT32_MAX) {
         bad("n_parallel x n_ctx_per_seq is too large for one context");
     }
-    if (p.n_batch < p.n_parallel) {
-        bad("n_batch (" + std::to_string(p.n_batch) + ") must be at least n_parallel (" +
+    if (p.n_batch < 0 || (p.n_batch > 0 && p.n_batch < p.n_parallel)) {
+        bad("n_batch (" + std::to_string(p.n_batch) + ") must be 0 (auto) or at least n_parallel (" +
             std::to_string(p.n_parallel) + "): every slot adds a token to each batch");
     }
     if (p.device_sampling < -1 || p.device_sampling > 1) {

@@ -102,9 +102,6 @@ SEXP fastpar_r_context_new(SEXP model_ptr, SEXP n_parallel, SEXP n_ctx_per_seq, 
     if (has(n_threads)) {
         cp.n_threads = Rf_asInteger(n_threads);
     }
-    if (cp.n_batch < cp.n_parallel) {
-        cp.n_batch = cp.n_parallel;
-    }
     /* The context keeps its model alive on the C side; the R handle keeps the model's too. */
     SEXP ptr = PROTECT(owner(context_tag(), model_ptr, context_finalizer));
     fastpar_context * ctx = NULL;

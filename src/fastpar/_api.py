@@ -95,8 +95,10 @@ class Context:
     """A llama.cpp context with ``n_parallel`` slots over one model.
 
     ``n_ctx_per_seq`` is what ONE prompt plus its generation may use; the KV cache holds
-    ``n_parallel x n_ctx_per_seq`` positions. ``n_batch`` (default: the larger of 512 and
-    ``n_parallel``) caps the tokens of one decode call; longer prompts are fed in chunks.
+    ``n_parallel x n_ctx_per_seq`` positions. ``n_batch`` caps the tokens of one decode call;
+    longer prompts are fed in chunks. Its default is the larger of ``n_parallel`` and 512,
+    or 2048 when any layer runs on a GPU, where fewer, larger prompt batches were measured
+    faster (bench/README.md); llama.cpp's physical batch is ``n_batch`` up to that size.
     ``n_threads=None`` uses one thread per hardware thread. Calls on one context from
     several threads take turns; separate contexts of one model run in parallel.
     ``device_sampling``: ``True`` cuts every row of logits down to its best candidates
@@ -180,8 +182,9 @@ def _context_params(n_parallel: object, n_ctx_per_seq: object, n_batch: object, 
     params = _core.ContextParams()
     params.n_parallel = _int("n_parallel", n_parallel)
     params.n_ctx_per_seq = _int("n_ctx_per_seq", n_ctx_per_seq)
-    params.n_batch = (max(_CONTEXT_DEFAULTS.n_batch, params.n_parallel) if n_batch is None
-                      else _int("n_batch", n_batch))
+    params.n_batch = _CONTEXT_DEFAULTS.n_batch if n_batch is None else _int("n_batch", n_batch)
+    if n_batch is not None and params.n_batch < 1:
+        raise ValueError(f"n_batch must be positive (or None for the default), got {n_batch}")
     if n_threads is not None and _int("n_threads", n_threads) < 1:
         raise ValueError(f"n_threads must be positive (or None for one per hardware thread), got {n_threads}")
     params.n_threads = _CONTEXT_DEFAULTS.n_threads if n_threads is None else n_threads
