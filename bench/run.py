@@ -595,7 +595,8 @@ def main() -> int:
         per_rep = (f", each the median of the {Target.later_runs} runs after a context's first (n_runs())"
                    if args.gpu else "")
         stem.with_suffix(".md").write_text(f"# fastpar benchmarks, {meta['date']}, {args.host_kind}\n\n"
-                                           f"Medians of {args.reps} interleaved repetitions{per_rep}. "
+                                           f"Medians of the interleaved repetitions each command asks for "
+                                           f"(--reps){per_rep}. "
                                            f"Commands:\n\n{cmds}\n\n{table}")
         plot(results, stages, stem.with_suffix(".png"))
         return table
@@ -608,7 +609,12 @@ def main() -> int:
         servers: dict = {}
         raw: dict = {}  # stage 0 never samples: one run per repetition serves both samplers
         for sampler in samplers:
-            results[f"{name}|{sampler}"] = {}  # a rerun replaces, never mixes with, older runs
+            # A rerun replaces the stages it runs. Rerunning stage 0 drops the row's older
+            # stages too: a ratio to stage 0 never mixes runs. Other stages (--merge of a peer
+            # alone, say) keep the row's earlier ones.
+            old_row = results.get(f"{name}|{sampler}", {})
+            results[f"{name}|{sampler}"] = {} if 0 in stages else {s: v for s, v in old_row.items()
+                                                                   if int(s) not in stages}
         # Interleaved: every repetition runs every sampler's stages, so that drift hits every
         # stage alike, and the raw run a repetition shares between samplers is measured
         # beside both (with the samplers outside, typical's rows were divided by raw runs
