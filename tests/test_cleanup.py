@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import _thread
-import threading
+import signal
 
 import pytest
 
@@ -32,16 +31,26 @@ def test_cleanup_after_per_prompt_error(model):
     assert [c.token_ids for c in again] == [c.token_ids for c in expected]
 
 
+def _raise_keyboard_interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+@pytest.mark.skipif(not hasattr(signal, "setitimer"), reason="needs signal.setitimer")
 def test_cleanup_after_keyboard_interrupt(model):
     ctx = fastpar.Context(model, n_parallel=4, n_ctx_per_seq=512)
-    timer = threading.Timer(0.5, _thread.interrupt_main)
-    timer.start()
+    # A real signal from a kernel timer, as Ctrl-C is one: its Python handler raises
+    # KeyboardInterrupt when fastpar polls for signals (every 50 ms) on the calling thread.
+    # (A threading.Timer calling _thread.interrupt_main once let a call run to its end on a
+    # loaded machine: that needs the timer's thread to be scheduled and to take the GIL.)
+    previous = signal.signal(signal.SIGALRM, _raise_keyboard_interrupt)
+    signal.setitimer(signal.ITIMER_REAL, 0.5)
     try:
         with pytest.raises(KeyboardInterrupt):
             # Long enough (thousands of tokens) that the interrupt lands mid-generation.
             fastpar.generate_parallel(ctx, PROMPTS * 4, max_tokens=400, ignore_eos=True, **GREEDY)
     finally:
-        timer.cancel()
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
     assert_clean(ctx)
     stats = ctx.last_stats
     assert 0 < stats.n_gen_tokens < 32 * 400  # it stopped part-way
