@@ -210,9 +210,8 @@ def timed(fn):
 def batched_bench(binary, model_path, n_par, pl, gl, runs, threads, gpu, shared=0):
     """Runs llama-batched-bench: `runs` runs of one wave (n_par sequences, pl prompt and gl
     new tokens each) in one process -> [(T_PP, T_TG, T) seconds] a run, as it prints them."""
-    # The physical batch fastpar's Context takes by default (ContextParams::n_batch): 2048 with
-    # layers on a GPU, 512 on the CPU.
-    ub = "2048" if gpu else "512"
+    # The physical batch fastpar's Context takes by default (ContextParams::n_batch).
+    ub = str(fastpar._core._gpu_batch if gpu else fastpar._core._cpu_batch)
     cmd = [binary, "-m", model_path, "-c", str(n_par * (pl + gl + 16)), "-b", ub, "-ub", ub, "-npp", str(pl),
            "-ntg", str(gl), "-npl", ",".join([str(n_par)] * runs), "-t", str(threads), "-no-kvu"]
     if gpu:

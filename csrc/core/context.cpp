@@ -109,7 +109,7 @@ void Context::warm_up() {
     // twice (llama.cpp's CUDA backend captures a graph the second time it sees it). Every
     // slot's positions are removed afterwards; only the device's state stays.
     const int32_t n = params_.n_parallel;
-    const int32_t n_prompt = std::min(std::max(1, std::min(params_.n_batch, max_ubatch(*model_)) / n), n_ctx_seq_ - 2);
+    const int32_t n_prompt = std::min(std::max(1, static_cast<int32_t>(llama_n_ubatch(ctx_)) / n), n_ctx_seq_ - 2);
     if (n_prompt < 1) {
         return;  // a slot holds fewer than three positions: nothing call-shaped fits
     }

@@ -12,6 +12,12 @@
 namespace fastpar {
 namespace {
 
+// llama.cpp offloads the output layer, after every repeating one, once n_gpu_layers
+// exceeds the repeating layers (-1: all).
+bool offloads_every_layer(int32_t n_gpu_layers, int64_t n_layer) {
+    return n_gpu_layers < 0 || n_gpu_layers > n_layer;
+}
+
 // Whether the model's token-embedding table is quantized and `n_gpu_layers` offloads every
 // layer, read from the GGUF header alone (false for a file that has no readable header:
 // llama.cpp then says what is wrong with it).
@@ -39,7 +45,7 @@ bool quantized_embeddings_all_offloaded(const std::string & path, int32_t n_gpu_
         }
     }
     gguf_free(g);
-    return quantized && n_layer >= 0 && (n_gpu_layers < 0 || n_gpu_layers > n_layer);
+    return quantized && n_layer >= 0 && offloads_every_layer(n_gpu_layers, n_layer);
 }
 
 }  // namespace
@@ -76,7 +82,8 @@ Model::Model(const std::string & path, const ModelParams & params) : path_(path)
     // 821 instead of 953 ms a call, 32 slots 231 instead of 243 ms; an F16 table was slower
     // there at 32 slots (212 against 188 ms), so unquantized tables stay where they are.
     llama_model_tensor_buft_override overrides[2] = {{nullptr, nullptr}, {nullptr, nullptr}};
-    if (llama_supports_gpu_offload() && quantized_embeddings_all_offloaded(path, params.n_gpu_layers)) {
+    if (llama_supports_gpu_offload() && params.n_gpu_layers != 0 &&
+        quantized_embeddings_all_offloaded(path, params.n_gpu_layers)) {
         ggml_backend_dev_t gpu = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_GPU);
         if (gpu != nullptr) {
             overrides[0] = {"^token_embd\\.weight$", ggml_backend_dev_buffer_type(gpu)};
@@ -92,9 +99,8 @@ Model::Model(const std::string & path, const ModelParams & params) : path_(path)
     }
     vocab_ = llama_model_get_vocab(model_);
     chat_template_ = llama_model_chat_template(model_, nullptr);
-    // llama.cpp offloads the output layer once n_gpu_layers exceeds the repeating layers.
-    output_on_gpu_ = llama_supports_gpu_offload() &&
-                     (params.n_gpu_layers < 0 || params.n_gpu_layers > llama_model_n_layer(model_));
+    output_on_gpu_ =
+        llama_supports_gpu_offload() && offloads_every_layer(params.n_gpu_layers, llama_model_n_layer(model_));
     on_gpu_ = llama_supports_gpu_offload() && params.n_gpu_layers != 0;
 }
 

@@ -525,6 +525,7 @@ void Scheduler::sample(const std::vector<Slot *> & slots) {
     // Where each slot's logits are: read on this thread (llama.cpp's accessors are not
     // thread-safe), sampled below on the pool.
     const int32_t n_vocab = model_.n_vocab();
+    int64_t work = 0;  // kMinPooledWork's units
     for (size_t i = 0; i < slots.size(); ++i) {
         Slot & s = *slots[i];
         if (s.on_device && device_->reducer->row(ctx_, s.seq, s.i_logits, rows[i])) {
@@ -536,6 +537,7 @@ void Scheduler::sample(const std::vector<Slot *> & slots) {
                 throw Error("llama.cpp returned no logits for a sequence that asked for them");
             }
         }
+        work += int64_t{rows[i].n} * (s.request.params->temperature <= 0.0f ? 1 : 4);
     }
     // Each chain and row is its own, so sequences sample in parallel and pick exactly the
     // tokens they would pick one after another.
@@ -547,10 +549,6 @@ void Scheduler::sample(const std::vector<Slot *> & slots) {
             logprobs[i] = token_logprob(rows[i].logits, n_vocab, tokens[i]);
         }
     };
-    int64_t work = 0;
-    for (size_t i = 0; i < slots.size(); ++i) {
-        work += int64_t{rows[i].n} * (slots[i]->request.params->temperature <= 0.0f ? 1 : 4);
-    }
     if (pool_ != nullptr && slots.size() >= kMinPooled && work >= kMinPooledWork) {
         pool_->run(slots.size(), pick);
     } else {
