@@ -207,11 +207,16 @@ def timed(fn):
     return walls, out
 
 
+def physical_batch(gpu: bool) -> str:
+    """The physical batch (-b and -ub) llama.cpp's tools get: the one fastpar's Context takes
+    by default (ContextParams::n_batch) on the GPU or the CPU."""
+    return str(fastpar._core._gpu_batch if gpu else fastpar._core._cpu_batch)
+
+
 def batched_bench(binary, model_path, n_par, pl, gl, runs, threads, gpu, shared=0):
     """Runs llama-batched-bench: `runs` runs of one wave (n_par sequences, pl prompt and gl
     new tokens each) in one process -> [(T_PP, T_TG, T) seconds] a run, as it prints them."""
-    # The physical batch fastpar's Context takes by default (ContextParams::n_batch).
-    ub = str(fastpar._core._gpu_batch if gpu else fastpar._core._cpu_batch)
+    ub = physical_batch(gpu)
     cmd = [binary, "-m", model_path, "-c", str(n_par * (pl + gl + 16)), "-b", ub, "-ub", ub, "-npp", str(pl),
            "-ntg", str(gl), "-npl", ",".join([str(n_par)] * runs), "-t", str(threads), "-no-kvu"]
     if gpu:
@@ -306,8 +311,8 @@ class Server:
             self.port = s.getsockname()[1]
         self.proc = subprocess.Popen(
             [binary, "-m", model_path, "-np", str(n_par), "-c", str(n_par * n_ctx_per_seq), "-t", str(threads),
-             "--host", "127.0.0.1", "--port", str(self.port), "-b", "512", "-ub", "512", "--no-webui",
-             *(["-ngl", "999"] if Target.gpu else [])],
+             "--host", "127.0.0.1", "--port", str(self.port), "-b", physical_batch(Target.gpu),
+             "-ub", physical_batch(Target.gpu), "--no-webui", *(["-ngl", "999"] if Target.gpu else [])],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.time() + 120
         while time.time() < deadline:
