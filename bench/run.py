@@ -433,11 +433,13 @@ def gpu_name() -> str:
 
 # ----------------------------------------------------------------------------- report
 
-def summarise(runs):
-    """runs: list of dicts -> medians of wall, gen tok/s and total tok/s."""
+def summarise(runs, reps_asked):
+    """runs: list of dicts (one a repetition) -> medians of wall, gen tok/s and total tok/s,
+    with how many repetitions they are of how many the command asked for."""
     gen = statistics.median(r["n_gen_tokens"] / r["wall_s"] for r in runs)
     total = statistics.median((r["n_gen_tokens"] + r["n_prompt_tokens"]) / r["wall_s"] for r in runs)
-    out = dict(gen_tok_s=gen, total_tok_s=total, wall_s=statistics.median(r["wall_s"] for r in runs))
+    out = dict(gen_tok_s=gen, total_tok_s=total, wall_s=statistics.median(r["wall_s"] for r in runs),
+               n_reps=len(runs), reps_asked=reps_asked)
     if all("first_wall_s" in r for r in runs):
         out["first_gen_tok_s"] = statistics.median(r["n_gen_tokens"] / r["first_wall_s"] for r in runs)
     return out
@@ -460,7 +462,10 @@ def markdown(results, stages):
                 continue
             gen = f"{s['gen_tok_s'] / base['gen_tok_s']:.2f}" if base else "-"
             total = f"{s['total_tok_s'] / base['total_tok_s']:.2f}" if base else "-"
-            line = f"| {wname} | {sampler} | {st}: {STAGES[st]} | {s['gen_tok_s']:.1f} | {s['total_tok_s']:.1f} | {gen} | {total} |"
+            # A command stopped part-way (out of time) leaves rows of fewer repetitions.
+            short = (f" ({s['n_reps']} of {s['reps_asked']} reps)"
+                     if s.get("n_reps", 0) < s.get("reps_asked", 0) else "")
+            line = f"| {wname} | {sampler} | {st}: {STAGES[st]}{short} | {s['gen_tok_s']:.1f} | {s['total_tok_s']:.1f} | {gen} | {total} |"
             if first_runs:
                 first = f"{s['first_gen_tok_s']:.1f}" if "first_gen_tok_s" in s else "-"
                 ratio = (f"{s['first_gen_tok_s'] / base['first_gen_tok_s']:.2f}"
@@ -591,7 +596,7 @@ def main() -> int:
                 llama_cpp="0c1e57098", reps=args.reps, later_runs=Target.later_runs if args.gpu else 0,
                 stages=STAGES, commands=commands)
 
-    def write():
+    def write(with_plot=True):
         stem.parent.mkdir(exist_ok=True)
         stem.with_suffix(".json").write_text(json.dumps(dict(meta=meta, results=results), indent=2) + "\n")
         table = markdown(results, sorted({int(s) for r in results.values() for s in r}))
@@ -600,9 +605,10 @@ def main() -> int:
                    if args.gpu else "")
         stem.with_suffix(".md").write_text(f"# fastpar benchmarks, {meta['date']}, {args.host_kind}\n\n"
                                            f"Medians of the interleaved repetitions each command asks for "
-                                           f"(--reps){per_rep}. "
+                                           f"(--reps; a row of fewer says so){per_rep}. "
                                            f"Commands:\n\n{cmds}\n\n{table}")
-        plot(results, stages, stem.with_suffix(".png"))
+        if with_plot:
+            plot(results, stages, stem.with_suffix(".png"))
         return table
 
     for w in workloads(names, default_model, speed_models):
@@ -653,10 +659,13 @@ def main() -> int:
                     per_stage.setdefault(str(st), {"runs": []})["runs"].append(r)
                     print(f"{key} rep {rep} stage {st}: {r['n_gen_tokens'] / r['wall_s']:.1f} gen tok/s, "
                           f"{(r['n_gen_tokens'] + r['n_prompt_tokens']) / r['wall_s']:.1f} tok/s", flush=True)
-        for sampler in samplers:
-            for st_result in results[f"{name}|{sampler}"].values():
-                st_result["summary"] = summarise(st_result["runs"])
-        table = write()  # after every workload: a long run interrupted keeps what it measured
+            # After every repetition: a run stopped part-way (a time limit) keeps every whole
+            # repetition it measured, and the table says how many a row has.
+            for sampler in samplers:
+                for st, st_result in results[f"{name}|{sampler}"].items():
+                    if int(st) in stages:  # rows kept from an earlier command keep theirs
+                        st_result["summary"] = summarise(st_result["runs"], args.reps)
+            table = write(with_plot=rep == args.reps - 1)
         for server in servers.values():
             server.close()
 
