@@ -46,6 +46,35 @@ def test_top_k_from_the_whole_row_matches_llama(n, top_k):
         assert ours == theirs, (seed, ours, theirs)
 
 
+@pytest.mark.parametrize("n", [151937, 301])
+@pytest.mark.parametrize("n_finite", [10, None])
+def test_top_k_with_masked_logits_matches_llama(n, n_finite):
+    # -inf logits (a masked vocabulary), a row whose blocks and last block are no multiple
+    # of the four logits the scan compares at once, and fewer finite logits than k.
+    rng = random.Random(n + (n_finite or 0))
+    p = _params(**TYPICAL)
+    for seed in range(3):
+        x = _row(n, rng)
+        keep = set(rng.sample(range(n), n_finite)) if n_finite else set(range(0, n, 2))
+        x = [v if i in keep else float("-inf") for i, v in enumerate(x)]
+        ours, theirs = _core._sample_against_llama(p, seed, x, [], 0, 5)
+        assert ours == theirs, (seed, ours, theirs)
+        assert all(t in keep for t in ours)
+
+
+@pytest.mark.parametrize("n", [151937, 49153, 301])
+def test_top_k_finds_the_best_logits_at_the_row_ends(n):
+    # The scan compares four logits at a time: the first and last logits of the row (the
+    # last is a tail of a block that is no multiple of four here) must still be found.
+    rng = random.Random(n)
+    p = _params(**TYPICAL)
+    for at in (0, n - 1, n - 2):
+        x = _row(n, rng)
+        x[at] = max(x) + 50.0  # chosen whatever the draw
+        ours, theirs = _core._sample_against_llama(p, 1, x, [], 0, 3)
+        assert ours == theirs == [at] * 3
+
+
 @pytest.mark.parametrize("n", [151936, 49152])
 @pytest.mark.parametrize("top_k", [1, 40, 64])
 def test_top_k_from_device_candidates_matches_llama(n, top_k):
