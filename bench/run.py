@@ -306,13 +306,14 @@ class Server:
     """llama-server on a free loopback port, for one model and slot count."""
 
     def __init__(self, binary, model_path, n_par, n_ctx_per_seq, threads):
+        ub = physical_batch(Target.gpu)
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
         self.proc = subprocess.Popen(
             [binary, "-m", model_path, "-np", str(n_par), "-c", str(n_par * n_ctx_per_seq), "-t", str(threads),
-             "--host", "127.0.0.1", "--port", str(self.port), "-b", physical_batch(Target.gpu),
-             "-ub", physical_batch(Target.gpu), "--no-webui", *(["-ngl", "999"] if Target.gpu else [])],
+             "--host", "127.0.0.1", "--port", str(self.port), "-b", ub, "-ub", ub,
+             "--no-webui", *(["-ngl", "999"] if Target.gpu else [])],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.time() + 120
         while time.time() < deadline:

@@ -24,6 +24,16 @@ using fastpar::GenerateParams;
 using fastpar_bench::median;
 using fastpar_bench::now_us;
 
+// The greedy chain, or the typical one (temperature 0.8, top-k 40, top-p 0.95).
+GenerateParams chain_params(bool typical) {
+    GenerateParams p;
+    p.temperature = typical ? 0.8f : 0.0f;
+    p.top_k = typical ? 40 : 0;
+    p.top_p = typical ? 0.95f : 1.0f;
+    p.min_p = 0.0f;
+    return p;
+}
+
 int main(int argc, char ** argv) {
     const int32_t n_vocab = argc > 1 ? std::atoi(argv[1]) : 151936;
     const int iterations = argc > 2 ? std::atoi(argv[2]) : 200;
@@ -40,11 +50,7 @@ int main(int argc, char ** argv) {
     std::vector<char> evict(64u << 20);
     std::printf("n_vocab %d, %d tokens each, median us a token\n", n_vocab, iterations);
     for (const bool typical : {false, true}) {
-        GenerateParams p;
-        p.temperature = typical ? 0.8f : 0.0f;
-        p.top_k = typical ? 40 : 0;
-        p.top_p = typical ? 0.95f : 1.0f;
-        p.min_p = 0.0f;
+        const GenerateParams p = chain_params(typical);
         fastpar::SamplerPtr chain = fastpar::make_sampler(p, 42, n_vocab);
         std::vector<llama_token_data> cur;
         for (const bool cold : {false, true}) {
@@ -67,12 +73,7 @@ int main(int argc, char ** argv) {
         }
     }
     // The chain alone (what is left of choosing once the k best are found).
-    GenerateParams p;
-    p.temperature = 0.8f;
-    p.top_k = 40;
-    p.top_p = 0.95f;
-    p.min_p = 0.0f;
-    fastpar::SamplerPtr chain = fastpar::make_sampler(p, 42, n_vocab);
+    fastpar::SamplerPtr chain = fastpar::make_sampler(chain_params(true), 42, n_vocab);
     std::vector<double> us;
     for (int i = 0; i < iterations; ++i) {
         std::vector<llama_token_data> cur;
