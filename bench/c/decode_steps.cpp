@@ -2,7 +2,7 @@
 // reading the logits on the host between steps.
 //
 //   cmake --build <build dir> --target fastpar-decode-steps     (FASTPAR_BUILD_BASELINES=ON)
-//   <build dir>/fastpar-decode-steps <model.gguf> [slots,...] [runs] [n_gpu_layers] [ways]
+//   <build dir>/fastpar-decode-steps <model.gguf> [slots,...] [runs] [n_gpu_layers] [ways] [embeddings]
 //
 // For each number of slots: one context as a fastpar Context makes it (n_ctx = slots x 90,
 // n_batch = n_ubatch = 512, one sequence a slot, KV cache not unified, as many threads as
@@ -30,7 +30,10 @@
 //           on a pool with the options a Context uses when the output layer is on a GPU
 //           (workers waking ahead of the next step's sampling and polling for it, the
 //           caller polling for their last rows: TaskPool::Options::for_gpu_output)
-// `ways` (a comma-separated list of the names above) runs only those.
+// `ways` (a comma-separated list of the names above, or "all") runs only those.
+// `embeddings`: "host" (default) leaves the token-embedding table where llama.cpp puts it
+// (host memory); "gpu" puts it on the first GPU, as a fastpar Model does for a quantized
+// table with every layer offloaded (model.cpp), to measure what that placement costs a step.
 // Printed: the median over runs (the first left out) of a step's decode + synchronise time,
 // ms, and of the time between steps.
 #include <algorithm>
@@ -62,13 +65,28 @@ int main(int argc, char ** argv) {
     const std::vector<int64_t> slot_counts = fastpar_bench::int_list(argc > 2 ? argv[2] : "1,8,32");
     const int runs = argc > 3 ? std::max(2, std::atoi(argv[3])) : 4;
     const int n_gpu_layers = argc > 4 ? std::atoi(argv[4]) : 999;
-    const std::string only = argc > 5 ? "," + std::string(argv[5]) + "," : "";
+    const std::string only = argc > 5 && std::string(argv[5]) != "all" ? "," + std::string(argv[5]) + "," : "";
+    const std::string embeddings = argc > 6 ? argv[6] : "host";
+    if (embeddings != "host" && embeddings != "gpu") {
+        std::fprintf(stderr, "embeddings must be host or gpu, not '%s'\n", embeddings.c_str());
+        return 2;
+    }
     const int kPrompt = 32, kGen = 50;
 
     llama_log_set([](ggml_log_level, const char *, void *) {}, nullptr);
     llama_backend_init();
     llama_model_params mp = llama_model_default_params();
     mp.n_gpu_layers = n_gpu_layers;
+    llama_model_tensor_buft_override overrides[2] = {{nullptr, nullptr}, {nullptr, nullptr}};
+    if (embeddings == "gpu") {
+        ggml_backend_dev_t gpu = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_GPU);
+        if (gpu == nullptr) {
+            std::fprintf(stderr, "embeddings=gpu, but this build has no GPU device\n");
+            return 2;
+        }
+        overrides[0] = {"^token_embd\\.weight$", ggml_backend_dev_buffer_type(gpu)};
+        mp.tensor_buft_overrides = overrides;
+    }
     llama_model * model = llama_model_load_from_file(argv[1], mp);
     if (model == nullptr) {
         std::fprintf(stderr, "could not load %s\n", argv[1]);
@@ -77,7 +95,8 @@ int main(int argc, char ** argv) {
     const llama_vocab * vocab = llama_model_get_vocab(model);
     const int n_vocab = llama_vocab_n_tokens(vocab);
     const int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    std::printf("%s, %d threads, %d runs a way (first left out), ms\n", argv[1], threads, runs);
+    std::printf("%s, %d threads, %d runs a way (first left out), token embeddings on the %s, ms\n", argv[1],
+                threads, runs, embeddings == "gpu" ? "GPU" : "host (llama.cpp's placement)");
     std::printf("%6s %16s %12s %12s\n", "slots", "way", "step", "between");
 
     std::mt19937 rng(1);
