@@ -111,3 +111,41 @@ def test_greedy_matches_llama_on_random_rows():
             if n % WIDTH == 0:
                 ours, theirs = _core._sample_against_llama(p, 0, x, _device_blocks(x, rng), WIDTH, 1)
                 assert ours == theirs
+
+
+@pytest.mark.parametrize("workers", [0, 1, 3])
+@pytest.mark.parametrize("copies", [1, 3])
+def test_rows_split_over_threads_choose_what_llama_chooses(workers, copies):
+    # choose_split (fewer than 8 whole rows from a GPU): each row's first pass cut into
+    # parts on a pool, its token chosen by the thread that finishes its last part; every
+    # copy of the row has its own chain from the same seed.
+    rng = random.Random(workers * 10 + copies)
+    typical, greedy = _params(**TYPICAL), _params(temperature=0.0)
+    split = dict(split_rows=copies, pool_workers=workers)
+    for n in (151936, 151937, 65536):
+        x = _row(n, rng)
+        masked = [v if i % 3 == 0 else float("-inf") for i, v in enumerate(x)]
+        whole = [float(round(v)) for v in x]  # ties everywhere, at the top too
+        for p, row in ((typical, x), (typical, masked), (greedy, x), (greedy, whole)):
+            ours, theirs = _core._sample_against_llama(p, 3, row, [], 0, 3, **split)
+            assert len(ours) == 3 * copies
+            assert ours == theirs
+        for at in (n - 1, 0):  # the best logit in the last part (its last block's tail), the first
+            row = list(x)
+            row[at] = max(x) + 50.0
+            for p in (typical, greedy):
+                ours, theirs = _core._sample_against_llama(p, 1, row, [], 0, 2, **split)
+                assert ours == theirs == [at] * 2 * copies
+        tie = list(x)
+        tie[n - 1] = tie[5] = max(x) + 50.0  # equal best logits in the first and the last part
+        ours, theirs = _core._sample_against_llama(greedy, 0, tie, [], 0, 1, **split)
+        assert ours == theirs == [5] * copies
+
+
+def test_split_needs_a_row_and_chain_that_split():
+    rng = random.Random(1)
+    with pytest.raises(ValueError, match="split_rows"):  # a short row: read whole at once
+        _core._sample_against_llama(_params(**TYPICAL), 0, _row(300, rng), [], 0, 1, split_rows=2)
+    with pytest.raises(ValueError, match="split_rows"):  # penalties need every candidate
+        _core._sample_against_llama(_params(**TYPICAL, repeat_penalty=1.1), 0, _row(151936, rng), [], 0, 1,
+                                    split_rows=2)

@@ -9,14 +9,25 @@
 // then llama.cpp's chain over them. Each is timed with the row in the caches ("warm": the
 // same row again) and after a 64 MB buffer has been written over, which evicts it ("cold":
 // as a row the GPU has just copied into host memory arrives; this also evicts the code and
-// the sampler's own state, so it is an upper bound). Last, the typical chain alone on 40
+// the sampler's own state, so it is an upper bound). Then the typical chain alone on 40
 // sorted candidates. Medians, in microseconds a token.
+//
+// Last, 1, 2 and 4 rows at once, as host sampling below 8 slots chooses them when the
+// output is on a GPU: one after another on this thread, and split (choose_split: each
+// row's first pass in parts on a pool with the options a Context's pool has then, every
+// CPU but this one a worker), each row evicted before every step and the steps 20 ms apart
+// (a steady pace, as generation steps come, which the pool's workers anticipate). Medians
+// in microseconds a step, and whether both ways chose the same tokens.
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "core/params.hpp"
+#include "core/pool.hpp"
 #include "core/sampling.hpp"
 #include "tool_common.hpp"
 
@@ -87,5 +98,60 @@ int main(int argc, char ** argv) {
         us.push_back(now_us() - t0);
     }
     std::printf("%-14s %8.2f\n", "chain on 40", median(us));
-    return 0;
+
+    const int threads = static_cast<int>(std::max(2u, std::thread::hardware_concurrency()));
+    fastpar::TaskPool pool(threads - 1, fastpar::TaskPool::Options::for_gpu_output());
+    const int steps = std::min(iterations, 100);
+    std::printf("rows at once, cold, a step every 20 ms, %d steps, pool of %d threads: us a step\n", steps, threads);
+    bool all_same = true;
+    for (const size_t n_rows : {1, 2, 4}) {
+        std::vector<std::vector<float>> copies(n_rows, row);
+        for (const bool typical : {false, true}) {
+            const GenerateParams p = chain_params(typical);
+            double results[2];
+            std::vector<llama_token> chosen[2];
+            for (const bool split : {false, true}) {
+                std::vector<fastpar::SamplerPtr> chains;
+                for (size_t r = 0; r < n_rows; ++r) {
+                    chains.push_back(fastpar::make_sampler(p, 42, n_vocab));
+                }
+                std::vector<float> buffer;
+                std::vector<double> step_us;
+                double due = now_us();
+                for (int i = 0; i < steps; ++i) {
+                    for (size_t b = 0; b < evict.size(); b += 64) {
+                        evict[b] = static_cast<char>(evict[b] + 1);
+                    }
+                    due += 20000.0;
+                    while (now_us() < due) {
+                    }
+                    std::vector<fastpar::LogitRow> rows;
+                    for (auto & c : copies) {
+                        rows.push_back(fastpar::LogitRow{c.data(), n_vocab});
+                    }
+                    std::vector<llama_token> tokens(n_rows);
+                    const auto pick = [&](size_t r) {
+                        thread_local std::vector<llama_token_data> cur;
+                        tokens[r] = fastpar::sample_logits(chains[r].get(), p, rows[r], cur);
+                    };
+                    const double t0 = now_us();
+                    if (split) {
+                        fastpar::choose_split(pool, rows, buffer, pick);
+                    } else {
+                        for (size_t r = 0; r < n_rows; ++r) {
+                            pick(r);
+                        }
+                    }
+                    step_us.push_back(now_us() - t0);
+                    chosen[split].insert(chosen[split].end(), tokens.begin(), tokens.end());
+                }
+                results[split] = median(step_us);
+            }
+            std::printf("%zu row%s %-8s one thread %8.1f   split %8.1f   same tokens: %s\n", n_rows,
+                        n_rows == 1 ? " " : "s", typical ? "typical" : "greedy", results[0], results[1],
+                        chosen[0] == chosen[1] ? "yes" : "NO");
+            all_same = all_same && chosen[0] == chosen[1];
+        }
+    }
+    return all_same ? 0 : 1;
 }

@@ -1,8 +1,10 @@
 #include "core/sampling.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <functional>
+#include <memory>
 #include <random>
 
 #if defined(__SSE2__) || defined(_M_X64)
@@ -77,18 +79,40 @@ float max_of(const float * x, int32_t n) {
     return m;
 }
 
-// The largest logit of each `width`-wide block of x[0..n) (NaN counts as -inf), in this
-// thread's buffer, which the next call reuses.
-const std::vector<float> & block_maxima(const float * x, int32_t n, int32_t width) {
-    thread_local std::vector<float> maxima;
-    maxima.resize(static_cast<size_t>((n + width - 1) / width));
-    for (size_t i = 0; i < maxima.size(); ++i) {
-        const auto b = static_cast<int32_t>(i) * width;
-        const float m = max_of(x + b, std::min(width, n - b));
-        maxima[i] = m == m ? m : -INFINITY;
-    }
-    return maxima;
+size_t n_blocks(int32_t n, int32_t width) { return static_cast<size_t>((n + width - 1) / width); }
+
+// The largest logit of block i of the `width`-wide blocks of x[0..n) (NaN counts as -inf).
+float block_max(const float * x, int32_t n, int32_t width, size_t i) {
+    const auto b = static_cast<int32_t>(i) * width;
+    const float m = max_of(x + b, std::min(width, n - b));
+    return m == m ? m : -INFINITY;
 }
+
+struct Maxima {
+    const float * data;
+    size_t n;
+    size_t size() const { return n; }
+    float operator[](size_t i) const { return data[i]; }
+};
+
+// The largest logit of each `width`-wide block of the row: those computed ahead
+// (row.maxima, choose_split), or computed now in this thread's buffer, which the next
+// call reuses.
+Maxima block_maxima(const LogitRow & row, int32_t width) {
+    const size_t n = n_blocks(row.n, width);
+    if (row.maxima != nullptr && row.blocks == nullptr && width == kArgmaxBlock) {
+        return Maxima{row.maxima, n};
+    }
+    thread_local std::vector<float> maxima;
+    maxima.resize(n);
+    for (size_t i = 0; i < n; ++i) {
+        maxima[i] = block_max(row.logits, row.n, width, i);
+    }
+    return Maxima{maxima.data(), n};
+}
+
+// Blocks of a whole row's first pass that one item of choose_split reads (64 KB).
+constexpr size_t kSplitBlocks = 64;
 
 // Appends to `cur` every logit of x[b..end) at or above `reach` (never a NaN), in order,
 // as candidates of `row`. Four logits are compared at a time: in a whole vocabulary the
@@ -131,7 +155,7 @@ void append_reaching(const float * x, int32_t b, int32_t end, float reach, const
 // The greedy sampler's choice: the largest logit, the lowest token id among equals.
 llama_token argmax(const LogitRow & row) {
     const float * x = row.logits;
-    const std::vector<float> & maxima = block_maxima(x, row.n, kArgmaxBlock);
+    const Maxima maxima = block_maxima(row, kArgmaxBlock);
     float best = -INFINITY;
     size_t best_block = maxima.size();
     for (size_t i = 0; i < maxima.size(); ++i) {
@@ -215,12 +239,12 @@ llama_token sample_logits(llama_sampler * chain, const GenerateParams & p, const
         // only their logits that reach it (about k to 2k) are ranked.
         const auto k = static_cast<size_t>(p.top_k);
         const int32_t width = row.n >= kTopKWideRow ? kArgmaxBlock : kTopKBlock;
-        const std::vector<float> & maxima = block_maxima(x, row.n, width);
+        const Maxima maxima = block_maxima(row, width);
         const size_t n_blocks = maxima.size();
         thread_local std::vector<float> scratch;
         float reach = -INFINITY;
         if (n_blocks > k) {
-            scratch = maxima;
+            scratch.assign(maxima.data, maxima.data + n_blocks);
             std::nth_element(scratch.begin(), scratch.begin() + static_cast<std::ptrdiff_t>(k - 1), scratch.end(),
                              std::greater<float>());
             reach = scratch[k - 1];
@@ -257,9 +281,53 @@ llama_token sample_logits(llama_sampler * chain, const GenerateParams & p, const
     return apply_chain(chain, cur, sorted);
 }
 
+bool splits(const GenerateParams & p, const LogitRow & row) {
+    // sample_logits' argmax and its top-k pass over a whole row of at least kTopKWideRow
+    // logits: both start from the row's kArgmaxBlock-wide block maxima.
+    return row.blocks == nullptr && row.n >= kTopKWideRow && !has_penalties(p) &&
+           (p.temperature <= 0.0f || (p.top_k > 0 && p.top_k < row.n));
+}
+
+void choose_split(TaskPool & pool, std::vector<LogitRow> & rows, std::vector<float> & buffer,
+                  const std::function<void(size_t)> & pick) {
+    const size_t n_rows = rows.size();
+    // Row i's parts are items first_item[i] .. first_item[i + 1] - 1; its maxima start at
+    // buffer[at[i]].
+    std::vector<size_t> first_item(n_rows + 1, 0), at(n_rows, 0);
+    size_t n_floats = 0;
+    for (size_t i = 0; i < n_rows; ++i) {
+        const size_t nb = n_blocks(rows[i].n, kArgmaxBlock);
+        at[i] = n_floats;
+        n_floats += nb;
+        first_item[i + 1] = first_item[i] + (nb + kSplitBlocks - 1) / kSplitBlocks;
+    }
+    buffer.resize(n_floats);
+    std::unique_ptr<std::atomic<size_t>[]> parts_left(new std::atomic<size_t>[n_rows]);
+    for (size_t i = 0; i < n_rows; ++i) {
+        parts_left[i].store(first_item[i + 1] - first_item[i]);
+        rows[i].maxima = buffer.data() + at[i];
+    }
+    pool.run(first_item[n_rows], [&](size_t item) {
+        const auto i = static_cast<size_t>(std::upper_bound(first_item.begin(), first_item.end(), item) -
+                                           first_item.begin()) - 1;
+        const LogitRow & row = rows[i];
+        const size_t part = item - first_item[i];
+        const size_t end = std::min(n_blocks(row.n, kArgmaxBlock), (part + 1) * kSplitBlocks);
+        float * out = buffer.data() + at[i];
+        for (size_t b = part * kSplitBlocks; b < end; ++b) {
+            out[b] = block_max(row.logits, row.n, kArgmaxBlock, b);
+        }
+        // The last part of a row: every other part's maxima are visible after this.
+        if (parts_left[i].fetch_sub(1, std::memory_order_acq_rel) == 1) {
+            pick(i);
+        }
+    });
+}
+
 std::pair<std::vector<llama_token>, std::vector<llama_token>> sample_against_llama(
     const GenerateParams & params, uint32_t seed, const std::vector<float> & logits,
-    const std::vector<llama_token> & blocks, int32_t width, int32_t draws) {
+    const std::vector<llama_token> & blocks, int32_t width, int32_t draws, int32_t split_rows,
+    int32_t pool_workers) {
     const auto n = static_cast<int32_t>(logits.size());
     std::vector<float> kept;
     LogitRow row{logits.data(), n};
@@ -272,16 +340,38 @@ std::pair<std::vector<llama_token>, std::vector<llama_token>> sample_against_lla
         }
         row = LogitRow{kept.data(), static_cast<int32_t>(kept.size()), blocks.data(), width};
     }
-    SamplerPtr ours = make_sampler(params, seed, n);
+    if (split_rows > 0 && !splits(params, row)) {
+        throw InvalidArgument("split_rows needs a whole row and a chain that splits()");
+    }
+    const auto copies = static_cast<size_t>(std::max(split_rows, 1));
+    std::vector<SamplerPtr> ours;
+    for (size_t c = 0; c < copies; ++c) {
+        ours.push_back(make_sampler(params, seed, n));
+    }
     SamplerPtr theirs = make_sampler(params, seed, n);
+    std::unique_ptr<TaskPool> pool;
+    if (split_rows > 0) {
+        pool = std::make_unique<TaskPool>(std::max(pool_workers, 0), TaskPool::Options::for_gpu_output());
+    }
     std::vector<llama_token_data> cur, whole(static_cast<size_t>(n));
+    std::vector<float> buffer;
     std::pair<std::vector<llama_token>, std::vector<llama_token>> out;
     for (int32_t d = 0; d < draws; ++d) {
-        out.first.push_back(sample_logits(ours.get(), params, row, cur));
+        if (pool) {
+            std::vector<LogitRow> rows(copies, row);
+            std::vector<llama_token> picked(copies, LLAMA_TOKEN_NULL);
+            choose_split(*pool, rows, buffer, [&](size_t i) {
+                thread_local std::vector<llama_token_data> cur_i;
+                picked[i] = sample_logits(ours[i].get(), params, rows[i], cur_i);
+            });
+            out.first.insert(out.first.end(), picked.begin(), picked.end());
+        } else {
+            out.first.push_back(sample_logits(ours[0].get(), params, row, cur));
+        }
         for (int32_t t = 0; t < n; ++t) {
             whole[static_cast<size_t>(t)] = llama_token_data{t, logits[static_cast<size_t>(t)], 0.0f};
         }
-        out.second.push_back(apply_chain(theirs.get(), whole, false));
+        out.second.insert(out.second.end(), copies, apply_chain(theirs.get(), whole, false));
     }
     return out;
 }

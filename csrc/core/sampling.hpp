@@ -2,11 +2,13 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <utility>
 #include <vector>
 
 #include "core/params.hpp"
+#include "core/pool.hpp"
 #include "llama.h"
 
 namespace fastpar {
@@ -31,6 +33,9 @@ struct LogitRow {
     int32_t n = 0;
     const llama_token * blocks = nullptr;
     int32_t width = 0;
+    // A whole row's block maxima, computed ahead (choose_split); null: sample_logits
+    // computes them itself where it needs them.
+    const float * maxima = nullptr;
 
     llama_token id(int32_t j) const { return blocks == nullptr ? j : blocks[j / width] * width + j % width; }
 };
@@ -46,13 +51,34 @@ struct LogitRow {
 llama_token sample_logits(llama_sampler * chain, const GenerateParams & params, const LogitRow & row,
                           std::vector<llama_token_data> & cur);
 
+// Whether sample_logits reads every logit of `row` with the chain `params` builds in a first
+// pass (the row's block maxima) that choose_split can spread over threads: a whole row of
+// a large vocabulary, and a greedy chain or one that starts with top-k, without penalties.
+bool splits(const GenerateParams & params, const LogitRow & row);
+
+// Calls pick(i) for every row i of `rows` (every one of them splits()) on `pool`, once the
+// row's block maxima are in: the first pass over each row is cut into parts of a few
+// dozen kilobytes, the parts of all rows spread over the pool, and the item that finishes
+// a row's last part runs pick for it, with rows[i].maxima set (kept in `buffer`). A row a
+// GPU has just copied out is read from memory, which is most of choosing a token from it,
+// and one core reads only part of what the memory can give: split over a few, that pass
+// takes a fraction of its time. pick(i) runs once for each row, on any of the pool's
+// threads, as in TaskPool::run, whose exceptions it passes on.
+void choose_split(TaskPool & pool, std::vector<LogitRow> & rows, std::vector<float> & buffer,
+                  const std::function<void(size_t)> & pick);
+
 // For tests: `draws` tokens sample_logits picks with the chain `params` builds, from the
 // whole row `logits` or, when `blocks` is not empty, from those blocks of `width` logits
 // (as device sampling hands them over), next to the tokens llama.cpp's own chain picks
-// applying every sampler to the whole row; both chains start from `seed`.
+// applying every sampler to the whole row; both chains start from `seed`. With
+// `split_rows` > 0 (a whole row that splits()), each draw chooses from that many copies of
+// the row at once through choose_split on a pool of `pool_workers` workers with the
+// options of a GPU's output, each copy with its own chain from `seed`: every copy's token
+// is returned, one draw after another.
 std::pair<std::vector<llama_token>, std::vector<llama_token>> sample_against_llama(
     const GenerateParams & params, uint32_t seed, const std::vector<float> & logits,
-    const std::vector<llama_token> & blocks, int32_t width, int32_t draws);
+    const std::vector<llama_token> & blocks, int32_t width, int32_t draws, int32_t split_rows = 0,
+    int32_t pool_workers = 0);
 
 // log softmax(logits)[token], over the whole vocabulary.
 float token_logprob(const float * logits, int32_t n_vocab, llama_token token);

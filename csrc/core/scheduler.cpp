@@ -549,8 +549,18 @@ void Scheduler::sample(const std::vector<Slot *> & slots) {
             logprobs[i] = token_logprob(rows[i].logits, n_vocab, tokens[i]);
         }
     };
+    // Fewer rows than kMinPooled: one thread, unless they are whole rows from a GPU. The
+    // pool's workers then poll for each step's choosing (TaskPool::Options::for_gpu_output),
+    // and the first pass over each row, a read of a row just copied into host memory, is
+    // split over them (choose_split).
+    bool split = pool_ != nullptr && pool_->n_threads() > 1 && model_.output_on_gpu() && slots.size() < kMinPooled;
+    for (size_t i = 0; split && i < slots.size(); ++i) {
+        split = splits(*slots[i]->request.params, rows[i]);
+    }
     if (pool_ != nullptr && slots.size() >= kMinPooled && work >= kMinPooledWork) {
         pool_->run(slots.size(), pick);
+    } else if (split) {
+        choose_split(*pool_, rows, split_maxima_, pick);
     } else {
         for (size_t i = 0; i < slots.size(); ++i) {
             pick(i);

@@ -121,6 +121,7 @@ private:
     Stats & stats_;
     TaskPool * pool_;
     DeviceSampling * device_;
+    std::vector<float> split_maxima_;  // whole rows' block maxima when a step splits them (sample)
     bool share_prefixes_;
     std::vector<size_t> common_;  // [a * n_parallel + b]: common leading prompt tokens of active slots a, b
     std::vector<std::unique_ptr<Slot>> slots_;

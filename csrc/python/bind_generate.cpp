@@ -75,9 +75,12 @@ void register_generate(py::module_ & m) {
     m.def(
         "_sample_against_llama",
         [](const GenerateParams & params, uint32_t seed, const std::vector<float> & logits,
-           const std::vector<llama_token> & blocks, int32_t width, int32_t draws) {
-            return sample_against_llama(params, seed, logits, blocks, width, draws);
+           const std::vector<llama_token> & blocks, int32_t width, int32_t draws, int32_t split_rows,
+           int32_t pool_workers) {
+            return sample_against_llama(params, seed, logits, blocks, width, draws, split_rows, pool_workers);
         },
+        py::arg("params"), py::arg("seed"), py::arg("logits"), py::arg("blocks"), py::arg("width"), py::arg("draws"),
+        py::arg("split_rows") = 0, py::arg("pool_workers") = 0,
         "For tests: tokens fastpar's host sampling picks next to those llama.cpp's own chain picks "
         "(core/sampling.hpp, sample_against_llama).");
     m.def("_stress_task_pool", &stress_task_pool, py::call_guard<py::gil_scoped_release>(), py::arg("n_workers"),
