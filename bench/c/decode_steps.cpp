@@ -30,6 +30,10 @@
 //           on a pool with the options a Context uses when the output layer is on a GPU
 //           (workers waking ahead of the next step's sampling and polling for it, the
 //           caller polling for their last rows: TaskPool::Options::for_gpu_output)
+//   split-greedy, split-typical
+//           on that pool, each row's first pass cut into parts over its threads
+//           (choose_split), as a Context chooses fewer than 8 whole rows from a GPU; the
+//           calling-* ways are what it did before
 // `ways` (a comma-separated list of the names above, or "all") runs only those.
 // `embeddings`: "host" (default) leaves the token-embedding table where llama.cpp puts it
 // (host memory); "gpu" puts it on the first GPU, as a fastpar Model does for a quantized
@@ -134,7 +138,7 @@ int main(int argc, char ** argv) {
         const char * ways[] = {"none",        "read",         "touch",          "pool-greedy",
                                "calling-greedy", "few-greedy", "spin-greedy", "p4-greedy",
                                "ant-greedy", "pool-typical", "calling-typical", "few-typical",
-                               "spin-typical", "p4-typical", "ant-typical"};
+                               "spin-typical", "p4-typical", "ant-typical", "split-greedy", "split-typical"};
         for (int round = 0; round < 2; ++round)
         for (const char * way : ways) {
             const std::string w = way;
@@ -146,7 +150,8 @@ int main(int argc, char ** argv) {
                                            : w.rfind("spin-", 0) == 0 ? &spin_pool
                                            : w.rfind("p4-", 0) == 0   ? &p4_pool
                                            : w.rfind("ant-", 0) == 0  ? &ant_pool
-                                                                      : nullptr;
+                                           : w.rfind("split-", 0) == 0 ? &ant_pool
+                                                                       : nullptr;
             const bool fastpar_way = way_pool != nullptr || w.rfind("calling-", 0) == 0;
             const fastpar::GenerateParams & params = w.find("typical") != std::string::npos ? typical : greedy;
             std::vector<fastpar::SamplerPtr> chains;
@@ -154,6 +159,7 @@ int main(int argc, char ** argv) {
                 chains.push_back(fastpar::make_sampler(params, 42, n_vocab));
             }
             std::vector<fastpar::LogitRow> rows(static_cast<size_t>(n));
+            std::vector<float> split_buffer;
             std::vector<double> steps, between;
             for (int r = 0; r < runs; ++r) {
                 llama_memory_clear(mem, false);
@@ -197,7 +203,9 @@ int main(int argc, char ** argv) {
                             thread_local std::vector<llama_token_data> cur;
                             next[i] = fastpar::sample_logits(chains[i].get(), params, rows[i], cur);
                         };
-                        if (way_pool != nullptr) {
+                        if (w.rfind("split-", 0) == 0) {
+                            fastpar::choose_split(*way_pool, rows, split_buffer, pick);
+                        } else if (way_pool != nullptr) {
                             way_pool->run(static_cast<size_t>(n), pick);
                         } else if (fastpar_way) {
                             for (size_t i = 0; i < static_cast<size_t>(n); ++i) {
