@@ -45,6 +45,13 @@ GenerateParams chain_params(bool typical) {
     return p;
 }
 
+// Writes over every cache line of `buffer` (64 MB), which evicts a row from the caches.
+void evict_caches(std::vector<char> & buffer) {
+    for (size_t b = 0; b < buffer.size(); b += 64) {
+        buffer[b] = static_cast<char>(buffer[b] + 1);
+    }
+}
+
 int main(int argc, char ** argv) {
     const int32_t n_vocab = argc > 1 ? std::atoi(argv[1]) : 151936;
     const int iterations = argc > 2 ? std::atoi(argv[2]) : 200;
@@ -68,9 +75,7 @@ int main(int argc, char ** argv) {
             std::vector<double> us;
             for (int i = 0; i < iterations; ++i) {
                 if (cold) {
-                    for (size_t b = 0; b < evict.size(); b += 64) {
-                        evict[b] = static_cast<char>(evict[b] + 1);
-                    }
+                    evict_caches(evict);
                 }
                 const double t0 = now_us();
                 const llama_token token = fastpar::sample_logits(chain.get(), p, fastpar::LogitRow{row.data(), n_vocab}, cur);
@@ -119,9 +124,7 @@ int main(int argc, char ** argv) {
                 std::vector<double> step_us;
                 double due = now_us();
                 for (int i = 0; i < steps; ++i) {
-                    for (size_t b = 0; b < evict.size(); b += 64) {
-                        evict[b] = static_cast<char>(evict[b] + 1);
-                    }
+                    evict_caches(evict);
                     due += 20000.0;
                     while (now_us() < due) {
                     }

@@ -79,7 +79,8 @@ float max_of(const float * x, int32_t n) {
     return m;
 }
 
-size_t n_blocks(int32_t n, int32_t width) { return static_cast<size_t>((n + width - 1) / width); }
+// How many `width`-wide blocks a row of n logits has (the last may be shorter).
+size_t block_count(int32_t n, int32_t width) { return static_cast<size_t>((n + width - 1) / width); }
 
 // The largest logit of block i of the `width`-wide blocks of x[0..n) (NaN counts as -inf).
 float block_max(const float * x, int32_t n, int32_t width, size_t i) {
@@ -99,7 +100,7 @@ struct Maxima {
 // (row.maxima, choose_split), or computed now in this thread's buffer, which the next
 // call reuses.
 Maxima block_maxima(const LogitRow & row, int32_t width) {
-    const size_t n = n_blocks(row.n, width);
+    const size_t n = block_count(row.n, width);
     if (row.maxima != nullptr && row.blocks == nullptr && width == kArgmaxBlock) {
         return Maxima{row.maxima, n};
     }
@@ -296,7 +297,7 @@ void choose_split(TaskPool & pool, std::vector<LogitRow> & rows, std::vector<flo
     std::vector<size_t> first_item(n_rows + 1, 0), at(n_rows, 0);
     size_t n_floats = 0;
     for (size_t i = 0; i < n_rows; ++i) {
-        const size_t nb = n_blocks(rows[i].n, kArgmaxBlock);
+        const size_t nb = block_count(rows[i].n, kArgmaxBlock);
         at[i] = n_floats;
         n_floats += nb;
         first_item[i + 1] = first_item[i] + (nb + kSplitBlocks - 1) / kSplitBlocks;
@@ -312,7 +313,7 @@ void choose_split(TaskPool & pool, std::vector<LogitRow> & rows, std::vector<flo
                                            first_item.begin()) - 1;
         const LogitRow & row = rows[i];
         const size_t part = item - first_item[i];
-        const size_t end = std::min(n_blocks(row.n, kArgmaxBlock), (part + 1) * kSplitBlocks);
+        const size_t end = std::min(block_count(row.n, kArgmaxBlock), (part + 1) * kSplitBlocks);
         float * out = buffer.data() + at[i];
         for (size_t b = part * kSplitBlocks; b < end; ++b) {
             out[b] = block_max(row.logits, row.n, kArgmaxBlock, b);
