@@ -29,6 +29,9 @@ std::string decode_error_message(int32_t rc) {
 // Below this many sequences to sample (or prompts to tokenize) a step works on one
 // thread: waking the pool costs more.
 constexpr size_t kMinPooled = 8;
+// Below kMinPooled whole rows from a GPU, each row's first pass is split over the pool from
+// this many rows (Scheduler::sample).
+constexpr size_t kMinSplit = 2;
 
 // Nor does a step whose rows are small: sampling is pooled from this much work, a logit
 // of a greedy row (an argmax) one unit and of any other chain four (about what a row of
@@ -549,11 +552,14 @@ void Scheduler::sample(const std::vector<Slot *> & slots) {
             logprobs[i] = token_logprob(rows[i].logits, n_vocab, tokens[i]);
         }
     };
-    // Fewer rows than kMinPooled: one thread, unless they are whole rows from a GPU. The
-    // pool's workers then poll for each step's choosing (TaskPool::Options::for_gpu_output),
-    // and the first pass over each row, a read of a row just copied into host memory, is
-    // split over them (choose_split).
-    bool split = pool_ != nullptr && pool_->n_threads() > 1 && model_.output_on_gpu() && slots.size() < kMinPooled;
+    // Fewer rows than kMinPooled: one thread, unless they are 2 or more whole rows from a
+    // GPU. The pool's workers then poll for each step's choosing
+    // (TaskPool::Options::for_gpu_output), and the first pass over each row, a read of a row
+    // just copied into host memory, is split over them (choose_split). One row stays on the
+    // calling thread: split, it took as long greedy and 10 us longer typical on an H200's
+    // host (bench/README.md, "Choosing split over threads").
+    bool split = pool_ != nullptr && pool_->n_threads() > 1 && model_.output_on_gpu() &&
+                 slots.size() >= kMinSplit && slots.size() < kMinPooled;
     for (size_t i = 0; split && i < slots.size(); ++i) {
         split = splits(*slots[i]->request.params, rows[i]);
     }
