@@ -47,9 +47,9 @@ try:
     import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot  # noqa: F401
+    import matplotlib.pyplot as plt
 except ImportError:
-    pass  # plot() says so
+    plt = None  # plot() says so
 
 import fastpar
 
@@ -495,12 +495,7 @@ def plot(results, stages, path):
     gpu = sorted({key.split("|")[0].rsplit("-np", 1)[0] for key in results if key.startswith("G-")})
     if not gpu and not any(key.startswith("W2-") for key in results):
         return  # the plot is W2's (or the GPU's) throughput against parallel sequences
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    if plt is None:
         print("matplotlib not installed: no plot (pip install matplotlib)")
         return
     # One panel per (title, levels, results key for a level, log y-axis).
