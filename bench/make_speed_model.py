@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Build a shape-faithful synthetic speed model (DESIGN.md, "Speed models").
+"""Build a shape-faithful synthetic speed model (docs/design.md, "Speed models").
 
 Qwen3-0.6B's shape (28 layers, hidden 1024, 16 heads, 8 KV heads, head dim 128, FFN 3072,
 tied embeddings) with random weights and the real Qwen2 tokenizer taken from the vendored

