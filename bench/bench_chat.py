@@ -3,7 +3,7 @@
 
 4 x n_parallel requests, prompts of 8 to 150 common words, max_tokens 5 to 150 each
 (ignore_eos, greedy), submitted at once to an ``Engine``; slots finish at different times
-and take the next request, which is where batch shape matters (README, "Scheduling").
+and take the next request, which is where batch shape matters (docs/internals.md, "The step policy").
 The same prompts then go through one ``generate_parallel`` call with max_tokens set to the
 mean budget. Prints generated tokens/s (medians of --reps), decode calls and padding.
 

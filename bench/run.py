@@ -37,13 +37,13 @@ import urllib.request
 if "--gpu" in sys.argv and "6" in (sys.argv[sys.argv.index("--stages") + 1] if "--stages" in sys.argv else "6"):
     # The transformers peer: load PyTorch before fastpar. With a CUDA fastpar built by a
     # toolchain that links libstdc++ statically, a C++ extension loaded after it crashed
-    # (README.md, "Backends"); the order costs nothing otherwise.
+    # (docs/design.md, "Build and vendoring"); the order costs nothing otherwise.
     import torch  # noqa: F401
 try:
     # The plot's backend before fastpar too. With a CUDA fastpar from such a toolchain,
     # matplotlib's Agg module crashed when it was loaded after fastpar and loaded when it came
-    # first (README.md, "Backends"); in run s26 every --gpu command without stage 6 (without
-    # torch ahead of fastpar) ended in SIGSEGV at its plot, after writing its JSON and table.
+    # first (docs/design.md, "Build and vendoring"): --gpu commands without stage 6 (without
+    # torch ahead of fastpar) ended in SIGSEGV at their plot, after writing JSON and table.
     import matplotlib
 
     matplotlib.use("Agg")

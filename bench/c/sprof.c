@@ -1,6 +1,6 @@
 // A wall-clock sampling profiler of one thread, for machines without perf or gdb: a
 // per-thread timer sends SIGPROF, and the handler records backtrace(). Where the decoding
-// thread spends a step (bench/README.md, "Where a step goes on the host") was measured with it.
+// thread spends a step on a GPU (the host side of a decode) was measured with it.
 //   gcc -O2 -shared -fPIC -o build/libsprof.so bench/c/sprof.c -lrt
 // From Python: ctypes.CDLL("build/libsprof.so").sprof_start(2000) on the thread to sample,
 // then sprof_stop(b"samples.txt"). A program: env SPROF_AUTO=1 SPROF_OUT=samples.txt
