@@ -52,6 +52,7 @@ except ImportError:
     plt = None  # plot() says so
 
 import fastpar
+import fastpar._testing  # cpu_batch, gpu_batch: needs a build with FASTPAR_TESTING (the default)
 
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -221,7 +222,7 @@ def timed(fn):
 def physical_batch(gpu: bool) -> str:
     """The physical batch (-b and -ub) llama.cpp's tools get: the one fastpar's Context takes
     by default (ContextParams::n_batch) on the GPU or the CPU."""
-    return str(fastpar._core._gpu_batch if gpu else fastpar._core._cpu_batch)
+    return str(fastpar._testing.gpu_batch if gpu else fastpar._testing.cpu_batch)
 
 
 def batched_bench(binary, model_path, n_par, pl, gl, runs, threads, gpu, shared=0):

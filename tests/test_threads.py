@@ -66,17 +66,15 @@ def test_two_contexts_of_one_model_run_in_parallel(model, solo):
 
 
 @pytest.mark.parametrize("n_workers", [0, 1, 3, 15])
-@pytest.mark.parametrize(
-    "wake_needed, caller_spin_us, anticipate_us", [(False, 0, 0), (True, 0, 0), (True, 200, 0), (False, 100, 20)]
-)
-def test_sampling_pool_runs_every_item_once_and_rethrows(n_workers, wake_needed, caller_spin_us, anticipate_us):
+@pytest.mark.parametrize("caller_spin_us, anticipate_us", [(0, 0), (200, 0), (100, 20)])
+def test_sampling_pool_runs_every_item_once_and_rethrows(n_workers, caller_spin_us, anticipate_us):
     # The pool that samples and tokenizes many sequences at once (csrc/core/pool.hpp):
     # 5,000 runs of 0-39 items, every seventh with an item that throws; run() returns only
     # when every item has run exactly once, and rethrows that exception. Also with the
-    # hand-off options bench/c/decode_steps.cpp measures (fewer workers woken, the caller
-    # polling before it sleeps), and with the ones a Context on a GPU uses (workers waking
-    # ahead of the next run and polling; the runs then come 0-2 anticipate_us apart, so
-    # that some come before the workers wake, some while they poll, some after).
-    from fastpar import _core
+    # caller polling before it sleeps, and with the options a Context on a GPU uses
+    # (workers waking ahead of the next run and polling; the runs then come 0-2
+    # anticipate_us apart, so that some come before the workers wake, some while they
+    # poll, some after).
+    from fastpar import _testing
 
-    assert _core._stress_task_pool(n_workers, 5000, wake_needed, caller_spin_us, anticipate_us) == 0
+    assert _testing.stress_task_pool(n_workers, 5000, caller_spin_us, anticipate_us) == 0

@@ -20,10 +20,9 @@
 //           TaskPool with one worker a CPU but the caller's, as a Context does from 8 rows
 //   calling-greedy, calling-typical
 //           the same choosing, all on the calling thread (no pool)
-//   few-greedy, spin-greedy (and -typical)
-//           on pools with TaskPool's other options: waking only as many workers as there
-//           are rows beyond the caller's first (few), or the caller polling up to 500 us
-//           for the workers' last rows before it sleeps (spin)
+//   spin-greedy, spin-typical
+//           on a pool whose caller polls up to 500 us for the workers' last rows before
+//           it sleeps
 //   p4-greedy, p4-typical
 //           on a pool of 3 workers and the caller (fewer cores busy between the steps)
 //   ant-greedy, ant-typical
@@ -105,10 +104,9 @@ int main(int argc, char ** argv) {
 
     std::mt19937 rng(1);
     fastpar::TaskPool pool(threads - 1);
-    fastpar::TaskPool::Options few_options, spin_options;
-    few_options.wake_needed = true;
+    fastpar::TaskPool::Options spin_options;
     spin_options.caller_spin_us = 500;
-    fastpar::TaskPool few_pool(threads - 1, few_options), spin_pool(threads - 1, spin_options);
+    fastpar::TaskPool spin_pool(threads - 1, spin_options);
     fastpar::TaskPool p4_pool(std::min(3, threads - 1));
     fastpar::TaskPool ant_pool(threads - 1, fastpar::TaskPool::Options::for_gpu_output());
     fastpar::GenerateParams greedy, typical;
@@ -135,10 +133,10 @@ int main(int argc, char ** argv) {
         }
         llama_batch batch = llama_batch_init(512, 0, 1);
         llama_memory_t mem = llama_get_memory(ctx);
-        const char * ways[] = {"none",        "read",         "touch",          "pool-greedy",
-                               "calling-greedy", "few-greedy", "spin-greedy", "p4-greedy",
-                               "ant-greedy", "pool-typical", "calling-typical", "few-typical",
-                               "spin-typical", "p4-typical", "ant-typical", "split-greedy", "split-typical"};
+        const char * ways[] = {"none",         "read",         "touch",           "pool-greedy",
+                               "calling-greedy", "spin-greedy", "p4-greedy",     "ant-greedy",
+                               "pool-typical", "calling-typical", "spin-typical", "p4-typical",
+                               "ant-typical",  "split-greedy", "split-typical"};
         for (int round = 0; round < 2; ++round)
         for (const char * way : ways) {
             const std::string w = way;
@@ -146,7 +144,6 @@ int main(int argc, char ** argv) {
                 continue;
             }
             fastpar::TaskPool * way_pool = w.rfind("pool-", 0) == 0   ? &pool
-                                           : w.rfind("few-", 0) == 0  ? &few_pool
                                            : w.rfind("spin-", 0) == 0 ? &spin_pool
                                            : w.rfind("p4-", 0) == 0   ? &p4_pool
                                            : w.rfind("ant-", 0) == 0  ? &ant_pool

@@ -104,21 +104,48 @@ const char * fastpar_finish_reason_name(fastpar_finish_reason reason) {
     return "unknown";
 }
 
+// The C structs are filled field by field, by name: a field added to or moved in
+// fastpar.h cannot silently take another's value.
 fastpar_model_params fastpar_model_default_params(void) {
     const fastpar::ModelParams d;
-    return {d.n_gpu_layers, d.use_mmap};
+    fastpar_model_params p{};
+    p.n_gpu_layers = d.n_gpu_layers;
+    p.use_mmap = d.use_mmap;
+    return p;
 }
 
 fastpar_context_params fastpar_context_default_params(void) {
     const fastpar::ContextParams d;
-    return {d.n_parallel, d.n_ctx_per_seq, d.n_batch, d.n_threads, d.kv_unified, d.device_sampling, d.share_prefixes,
-            d.warmup};
+    fastpar_context_params p{};
+    p.n_parallel = d.n_parallel;
+    p.n_ctx_per_seq = d.n_ctx_per_seq;
+    p.n_batch = d.n_batch;
+    p.n_threads = d.n_threads;
+    p.kv_unified = d.kv_unified;
+    p.device_sampling = d.device_sampling;
+    p.share_prefixes = d.share_prefixes;
+    p.warmup = d.warmup;
+    return p;
 }
 
 fastpar_generate_params fastpar_generate_default_params(void) {
     const fastpar::GenerateParams d;
-    return {d.max_tokens, d.temperature, d.top_k, d.top_p, d.min_p, d.repeat_penalty, d.presence_penalty,
-            d.frequency_penalty, d.repeat_last_n, d.seed, nullptr, 0, d.ignore_eos, d.logprobs};
+    fastpar_generate_params p{};
+    p.max_tokens = d.max_tokens;
+    p.temperature = d.temperature;
+    p.top_k = d.top_k;
+    p.top_p = d.top_p;
+    p.min_p = d.min_p;
+    p.repeat_penalty = d.repeat_penalty;
+    p.presence_penalty = d.presence_penalty;
+    p.frequency_penalty = d.frequency_penalty;
+    p.repeat_last_n = d.repeat_last_n;
+    p.seed = d.seed;
+    p.stop = nullptr;
+    p.n_stop = 0;
+    p.ignore_eos = d.ignore_eos;
+    p.logprobs = d.logprobs;
+    return p;
 }
 
 fastpar_status fastpar_model_load(const char * path, fastpar_model_params params, fastpar_model ** model_out) {
@@ -243,22 +270,24 @@ fastpar_status fastpar_context_last_stats(const fastpar_context * ctx, fastpar_s
             return fail(FASTPAR_ERR_INVALID_ARGUMENT, "ctx and stats_out must not be NULL");
         }
         const fastpar::Stats s = ctx->ctx->last_stats();
-        *stats_out = {s.n_prompts,
-                      s.n_failed,
-                      s.n_prompt_tokens,
-                      s.n_prompt_tokens_shared,
-                      s.n_gen_tokens,
-                      s.t_prompt_ms,
-                      s.t_gen_ms,
-                      s.t_wall_ms,
-                      s.prompt_tokens_per_s(),
-                      s.gen_tokens_per_s(),
-                      s.total_tokens_per_s(),
-                      s.n_decode_calls,
-                      s.n_kv_full_retries,
-                      s.n_device_sampled,
-                      s.t_sample_ms,
-                      s.n_padding_tokens};
+        fastpar_stats out{};
+        out.n_prompts = s.n_prompts;
+        out.n_failed = s.n_failed;
+        out.n_prompt_tokens = s.n_prompt_tokens;
+        out.n_prompt_tokens_shared = s.n_prompt_tokens_shared;
+        out.n_gen_tokens = s.n_gen_tokens;
+        out.t_prompt_ms = s.t_prompt_ms;
+        out.t_gen_ms = s.t_gen_ms;
+        out.t_wall_ms = s.t_wall_ms;
+        out.prompt_tokens_per_s = s.prompt_tokens_per_s();
+        out.gen_tokens_per_s = s.gen_tokens_per_s();
+        out.total_tokens_per_s = s.total_tokens_per_s();
+        out.n_decode_calls = s.n_decode_calls;
+        out.n_kv_full_retries = s.n_kv_full_retries;
+        out.n_device_sampled = s.n_device_sampled;
+        out.t_sample_ms = s.t_sample_ms;
+        out.n_padding_tokens = s.n_padding_tokens;
+        *stats_out = out;
         return FASTPAR_OK;
     });
 }

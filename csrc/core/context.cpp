@@ -13,6 +13,13 @@
 namespace fastpar {
 namespace {
 
+// Whether a sequence's KV cache can be copied up to a position: plain attention caches
+// can; recurrent state (one state per sequence, not per position) and sliding-window
+// caches (positions fall out of the window) cannot.
+bool memory_copies_by_position(const llama_model * model) {
+    return !llama_model_is_recurrent(model) && !llama_model_is_hybrid(model) && llama_model_n_swa(model) == 0;
+}
+
 // llama.cpp's physical batch (n_ubatch) for a model: params.hpp says why.
 int32_t max_ubatch(const Model & model) { return model.on_gpu() ? kGpuBatch : kCpuBatch; }
 
@@ -60,7 +67,7 @@ Context::Context(std::shared_ptr<const Model> model, const ContextParams & param
     // Device sampling: every slot's reducer chain goes in with the context, so llama.cpp
     // sizes its output buffer (pinned, about 3 x n_vocab floats a slot with samplers) and
     // reserves its graph for them now; attached later, both would happen again inside the
-    // first generate call (measured: 0.3 s of a 1.2 s call with 256 slots on an H100).
+    // first generate call (docs/performance.md).
     std::vector<llama_sampler_seq_config> samplers;
     if (device_sampling()) {
         device_.reducer = std::make_unique<LogitReducer>(model_->n_vocab(), params_.n_parallel);
@@ -83,11 +90,10 @@ Context::Context(std::shared_ptr<const Model> model, const ContextParams & param
     const auto actual = static_cast<int32_t>(params_.kv_unified ? llama_n_ctx(ctx_) : llama_n_ctx_seq(ctx_));
     n_ctx_seq_ = std::min(params_.n_ctx_per_seq, actual);
     batch_ = llama_batch_init(params_.n_batch, 0, 1);
+    policy_ = resolve_step_policy(model_->output_on_gpu(), params_.kv_unified, memory_copies_by_position(model_->get()),
+                                  params_.share_prefixes, params_.n_parallel, n_threads_);
     // Host sampling of many sequences at once uses the decode threads' cores, idle then.
-    // With the output layer on a GPU, its workers wake ahead of each step (for_gpu_output).
-    const TaskPool::Options pool_options =
-        model_->output_on_gpu() ? TaskPool::Options::for_gpu_output() : TaskPool::Options{};
-    pool_ = std::make_unique<TaskPool>(std::max(0, n_threads_ - 1), pool_options);
+    pool_ = std::make_unique<TaskPool>(std::max(0, n_threads_ - 1), policy_.pool);
     llama_set_abort_callback(
         ctx_, [](void * data) { return static_cast<std::atomic<bool> *>(data)->load(); }, &abort_);
     if (device_.reducer) {
@@ -170,9 +176,19 @@ void Context::release() {
 }
 
 void Context::with_scheduler(Stats & stats, const std::function<void(Scheduler &)> & body) {
+    with_scheduler(stats, policy_, body);
+}
+
+void Context::with_scheduler(Stats & stats, const StepPolicy & policy, const std::function<void(Scheduler &)> & body) {
     std::lock_guard<std::mutex> lock(mutex_);
-    Scheduler scheduler(*model_, ctx_, batch_, params_.n_parallel, params_.n_batch, n_ctx_seq_, stats, pool_.get(),
-                        device_.reducer ? &device_ : nullptr, params_.share_prefixes, params_.kv_unified);
+    SchedulerOptions options;
+    options.n_parallel = params_.n_parallel;
+    options.n_batch = params_.n_batch;
+    options.n_ctx_seq = n_ctx_seq_;
+    options.policy = policy;
+    options.pool = pool_.get();
+    options.device = device_.reducer ? &device_ : nullptr;
+    Scheduler scheduler(*model_, ctx_, batch_, options, stats);
     try {
         body(scheduler);
     } catch (...) {

@@ -12,6 +12,7 @@
 #include "core/params.hpp"
 #include "core/pool.hpp"
 #include "core/scheduler.hpp"
+#include "core/step_policy.hpp"
 #include "llama.h"
 
 namespace fastpar {
@@ -38,6 +39,11 @@ public:
     // returns (the Engine's worker holds it for its whole life). Whatever the scheduler
     // still holds afterwards, even after an exception, is cancelled and its KV removed.
     void with_scheduler(Stats & stats, const std::function<void(class Scheduler &)> & body);
+    // The same with another policy than the context's (the Engine's streaming limit);
+    // its pool options are the context's, fixed when the pool was made.
+    void with_scheduler(Stats & stats, const StepPolicy & policy, const std::function<void(class Scheduler &)> & body);
+    // The step policy resolved for this context's model and options (step_policy.hpp).
+    const StepPolicy & step_policy() const { return policy_; }
     // Makes a running llama_decode return early (llama.cpp's abort callback; CPU backend).
     void set_abort(bool abort) { abort_.store(abort); }
 
@@ -73,6 +79,7 @@ private:
     mutable std::mutex stats_mutex_;
     Stats last_stats_;
     std::atomic<bool> abort_{false};
+    StepPolicy policy_;
     std::unique_ptr<TaskPool> pool_;
     // Device sampling's reducer and which slots have it attached, kept across calls;
     // ~Context detaches them before it frees ctx_.

@@ -175,8 +175,9 @@ void Engine::account(const Completion & c, bool started) {
 
 void Engine::run() {
     try {
-        ctx_->with_scheduler(loop_stats_, [this](Scheduler & scheduler) {
-            scheduler.limit_decode_waits();  // requests stream: keep running ones going
+        StepPolicy policy = ctx_->step_policy();
+        policy.max_decode_waits = kStreamingDecodeWaits;  // requests stream: keep running ones going
+        ctx_->with_scheduler(loop_stats_, policy, [this](Scheduler & scheduler) {
             for (;;) {
                 std::deque<std::function<void()>> tasks;
                 {

@@ -136,16 +136,7 @@ void TaskPool::run(size_t n, const std::function<void(size_t)> & fn) {
             have_last_start_ = true;
         }
     }
-    const size_t wake = options_.wake_needed ? std::min(workers_.size(), n - 1) : workers_.size();
-    if (wake == workers_.size()) {
-        wake_.notify_all();
-    } else {
-        // A worker woken for an earlier run and not yet back to waiting may take one of
-        // these wake-ups; it then finds this run's items all the same.
-        for (size_t i = 0; i < wake; ++i) {
-            wake_.notify_one();
-        }
-    }
+    wake_.notify_all();
     drain(*job);
     if (options_.caller_spin_us > 0) {
         const auto until = Clock::now() + std::chrono::microseconds(options_.caller_spin_us);
@@ -165,10 +156,8 @@ void TaskPool::run(size_t n, const std::function<void(size_t)> & fn) {
     }
 }
 
-int64_t stress_task_pool(int32_t n_workers, int32_t runs, bool wake_needed, int32_t caller_spin_us,
-                         int32_t anticipate_us) {
+int64_t stress_task_pool(int32_t n_workers, int32_t runs, int32_t caller_spin_us, int32_t anticipate_us) {
     TaskPool::Options options;
-    options.wake_needed = wake_needed;
     options.caller_spin_us = caller_spin_us;
     options.anticipate_us = anticipate_us;
     TaskPool pool(n_workers, options);

@@ -19,12 +19,9 @@ namespace fastpar {
 
 class TaskPool {
 public:
-    // How run() hands items out and waits; the defaults are what a Context uses. The
-    // others exist to measure the hand-off (bench/c/decode_steps.cpp).
+    // How run() hands items out and waits: the defaults on a CPU, for_gpu_output() with
+    // the output layer on a GPU (StepPolicy).
     struct Options {
-        // Wake only as many workers as there are items beyond the caller's first (the
-        // default wakes every worker).
-        bool wake_needed = false;
         // Once its own items are done, the caller polls for the workers' last ones this
         // many microseconds before it sleeps on the condition variable (0: sleeps at once).
         int32_t caller_spin_us = 0;
@@ -37,11 +34,11 @@ public:
         // worker's time a run to save that. 0: off (workers sleep until a run wakes them).
         int32_t anticipate_us = 0;
 
-        // What a Context uses when the output layer is on a GPU: its pool's cores are
-        // idle while a step runs there, and a step takes milliseconds, so workers wake
-        // 200 us before the next step's sampling is due and poll for it, and the caller
-        // polls 100 us for their last rows before it sleeps. (On the CPU they would take
-        // cores from llama.cpp's own threads, so a CPU Context keeps the defaults.)
+        // With the output layer on a GPU: the pool's cores are idle while a step runs
+        // there, and a step takes milliseconds, so workers wake 200 us before the next
+        // step's sampling is due and poll for it, and the caller polls 100 us for their
+        // last rows before it sleeps. (On a CPU they would take cores from llama.cpp's own
+        // threads, so a CPU Context keeps the defaults.)
         static Options for_gpu_output() {
             Options options;
             options.anticipate_us = 200;
@@ -106,7 +103,6 @@ private:
 // every seventh with one item that throws (with anticipate_us, 0 to 2 anticipate_us
 // apart). Returns how many runs broke run()'s contract: an item run other than once, an
 // exception lost, or one thrown where none was.
-int64_t stress_task_pool(int32_t n_workers, int32_t runs, bool wake_needed = false, int32_t caller_spin_us = 0,
-                         int32_t anticipate_us = 0);
+int64_t stress_task_pool(int32_t n_workers, int32_t runs, int32_t caller_spin_us = 0, int32_t anticipate_us = 0);
 
 }  // namespace fastpar

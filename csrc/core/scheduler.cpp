@@ -4,7 +4,7 @@
 #include <chrono>
 
 #include "core/errors.hpp"
-#include "core/text.hpp"
+#include "core/text_stream.hpp"
 
 namespace fastpar {
 namespace {
@@ -26,46 +26,6 @@ std::string decode_error_message(int32_t rc) {
     }
 }
 
-// Below this many sequences to sample (or prompts to tokenize) a step works on one
-// thread: waking the pool costs more.
-constexpr size_t kMinPooled = 8;
-// Below kMinPooled whole rows from a GPU, each row's first pass is split over the pool from
-// this many rows (Scheduler::sample).
-constexpr size_t kMinSplit = 2;
-
-// Nor does a step whose rows are small: sampling is pooled from this much work, a logit
-// of a greedy row (an argmax) one unit and of any other chain four (about what a row of
-// each cost on an H100 machine's host). Eight rows of device-sampling candidates (8,192
-// each) are 65,536 units greedy, so chosen on the calling thread (measured there, pool
-// without anticipate_us: 35 us a step against 62-68 pooled), and 262,144 with the typical
-// sampler, pooled (84-94 us against 115-133 on one thread); eight whole rows always are.
-constexpr int64_t kMinPooledWork = 262144;
-
-// With one KV buffer per slot (kv_unified off), llama.cpp splits a batch into forward
-// passes ("ubatches") of sequences with consecutive seq_ids and an equal number of tokens
-// each: decoding slots 3, 4 and 7 take two passes, not one. On a GPU a pass has a large
-// fixed cost and a token a small one, so a gap of up to this many idle slots between
-// decoding slots is padded: each gets one throw-away token (no logits, removed from its
-// KV right after), and the step stays one pass. On the CPU a token costs about as much as
-// the pass's fixed part, so it does not pay.
-constexpr size_t kMaxPaddedGapGpu = 32;
-
-size_t common_prefix(const std::vector<llama_token> & a, const std::vector<llama_token> & b) {
-    const size_t n = std::min(a.size(), b.size());
-    size_t i = 0;
-    while (i < n && a[i] == b[i]) {
-        ++i;
-    }
-    return i;
-}
-
-// Whether a sequence's KV cache can be copied up to a position: plain attention caches
-// can; recurrent state (one state per sequence, not per position) and sliding-window
-// caches (positions fall out of the window) cannot.
-bool memory_copies_by_position(const llama_model * model) {
-    return !llama_model_is_recurrent(model) && !llama_model_is_hybrid(model) && llama_model_n_swa(model) == 0;
-}
-
 }  // namespace
 
 struct Scheduler::Slot {
@@ -79,10 +39,7 @@ struct Scheduler::Slot {
     SamplerPtr sampler;        // this request's chain (it always runs on the host)
     bool on_device = false;    // its logits are cut down on the device (DeviceSampling)
     bool waiting = false;      // this step: leaves its prefix to a slot that decodes it first
-    bool copied = false;       // this step: took its prefix from another slot's KV cache
-    std::string bytes;         // generated text so far, raw bytes
-    size_t n_emitted = 0;      // bytes of `bytes` already streamed through on_text
-    std::string emitted;       // the text streamed so far (sanitised)
+    TextStream text;           // its text, streamed or not
     Completion completion;
     // Set while building a batch:
     int32_t n_plan = 0;        // tokens this slot adds to the batch
@@ -92,26 +49,25 @@ struct Scheduler::Slot {
     bool prefilling() const { return n_fed < prompt.size(); }
 };
 
-Scheduler::Scheduler(const Model & model, llama_context * ctx, llama_batch & batch, int32_t n_parallel,
-                     int32_t n_batch, int32_t n_ctx_seq, Stats & stats, TaskPool * pool,
-                     DeviceSampling * device, bool share_prefixes, bool kv_unified)
-    : model_(model), ctx_(ctx), mem_(llama_get_memory(ctx)), batch_(batch), n_batch_(n_batch),
-      n_ctx_seq_(n_ctx_seq), stats_(stats), pool_(pool), device_(device),
-      share_prefixes_(share_prefixes && n_parallel > 1 && memory_copies_by_position(model.get())),
-      max_padded_gap_(model.output_on_gpu() && !kv_unified && memory_copies_by_position(model.get())
-                          ? kMaxPaddedGapGpu
-                          : 0),
-      prompts_first_(model.output_on_gpu() && !kv_unified) {
-    if (device_ != nullptr && device_->attached.size() < static_cast<size_t>(n_parallel)) {
+Scheduler::Scheduler(const Model & model, llama_context * ctx, llama_batch & batch, const SchedulerOptions & options,
+                     Stats & stats)
+    : model_(model), ctx_(ctx), mem_(llama_get_memory(ctx)), batch_(batch), n_batch_(options.n_batch),
+      n_ctx_seq_(options.n_ctx_seq), stats_(stats), pool_(options.pool), device_(options.device),
+      policy_(options.policy), chooser_(options.pool, options.policy.split_rows),
+      sharing_(options.policy.share_prefixes ? static_cast<size_t>(options.n_parallel) : 0) {
+    const auto n_parallel = static_cast<size_t>(options.n_parallel);
+    if (device_ != nullptr && device_->attached.size() < n_parallel) {
         throw Error("device sampling was set up for fewer slots than the scheduler has");
     }
-    if (share_prefixes_) {
-        common_.assign(static_cast<size_t>(n_parallel) * static_cast<size_t>(n_parallel), 0);
-    }
-    slots_.reserve(static_cast<size_t>(n_parallel));
-    for (int32_t i = 0; i < n_parallel; ++i) {
+    slots_.reserve(n_parallel);
+    for (int32_t i = 0; i < options.n_parallel; ++i) {
         slots_.push_back(std::make_unique<Slot>());
         slots_.back()->seq = i;
+    }
+    plan_slots_.resize(n_parallel);
+    plan_.slots.reserve(n_parallel);
+    if (policy_.share_prefixes) {
+        sharing_slots_.resize(n_parallel);
     }
 }
 
@@ -152,8 +108,7 @@ void Scheduler::reap_cancelled() {
 }
 
 void Scheduler::admit() {
-    // Tokenizing is most of what admitting a prompt costs (about 0.2 ms for 32 tokens on
-    // one core of the 2-core CPU, 56 ms for 256 prompts), so the prompts about to take
+    // Tokenizing is most of what admitting a prompt costs, so the prompts about to take
     // the free slots are tokenized on the pool at once; llama_tokenize is thread-safe.
     struct Tokenized {
         std::vector<llama_token> tokens;
@@ -229,17 +184,15 @@ void Scheduler::admit() {
             slot.n_fed = 0;
             slot.n_past = 0;
             slot.pending = -1;
-            slot.bytes.clear();
-            slot.n_emitted = 0;
-            slot.emitted.clear();
+            slot.text.reset(static_cast<bool>(slot.request.on_text));
             slot.completion = Completion();
             slot.completion.t_queued_ms = ms_since(slot.request.t_submit);
             slot.active = true;
-            if (share_prefixes_) {
+            if (policy_.share_prefixes) {
                 for (auto & other : slots_) {
                     if (other.get() != &slot && other->active) {
-                        common_[pair(slot, *other)] = common_[pair(*other, slot)] =
-                            common_prefix(slot.prompt, other->prompt);
+                        sharing_.pair_up(static_cast<size_t>(slot.seq), slot.prompt, static_cast<size_t>(other->seq),
+                                         other->prompt);
                     }
                 }
             }
@@ -247,72 +200,39 @@ void Scheduler::admit() {
     }
 }
 
-size_t Scheduler::pair(const Slot & a, const Slot & b) const {
-    return static_cast<size_t>(a.seq) * slots_.size() + static_cast<size_t>(b.seq);
-}
-
-// A prefilling slot whose prompt starts like another active slot's takes that common
-// prefix from the other's KV cache instead of decoding it: the whole sequence is copied
-// (llama_memory_seq_cp; across the per-slot buffers of a non-unified cache only whole
-// sequences can be) and trimmed back to the common prefix. When the other slot is still
-// decoding that prefix, this one waits for it rather than decoding it too. A slot waits
-// only for one "ahead" of it (more prompt decoded, or as much and a lower seq_id), so
-// the slot furthest ahead always goes on. Every slot decodes at least its last prompt
-// token itself, whose logits start its generation.
+// Prefix sharing decides (prefix_sharing.hpp); the copies are made here: the donor's whole
+// sequence is copied and trimmed back to the shared prefix.
 void Scheduler::share_prefixes() {
     for (auto & sp : slots_) {
         sp->waiting = false;
-        sp->copied = false;
     }
-    if (!share_prefixes_) {
+    if (!policy_.share_prefixes) {
         return;
     }
-    const auto min_shared = static_cast<size_t>(kMinSharedPrefix);
-    for (auto & sp : slots_) {
-        Slot & s = *sp;
-        if (!s.active || !s.prefilling() || s.prompt.size() <= min_shared) {
+    for (size_t i = 0; i < slots_.size(); ++i) {
+        const Slot & s = *slots_[i];
+        SharingSlot & h = sharing_slots_[i];
+        h.active = s.active;
+        h.n_fed = s.n_fed;
+        h.prompt_size = s.prompt.size();
+    }
+    sharing_.decide(sharing_slots_);
+    for (size_t i = 0; i < slots_.size(); ++i) {
+        Slot & s = *slots_[i];
+        const SharingSlot & h = sharing_slots_[i];
+        s.waiting = h.waiting;
+        if (!h.copied) {
             continue;
         }
-        const size_t limit = s.prompt.size() - 1;
-        size_t best = s.n_fed;  // prompt positions s can hold after a copy now
-        Slot * donor = nullptr;
-        size_t later = 0;       // ... and after a slot ahead of it has decoded more
-        for (auto & dp : slots_) {
-            Slot & d = *dp;
-            if (&d == &s || !d.active) {
-                continue;
-            }
-            const size_t c = std::min(common_[pair(s, d)], limit);
-            if (c < min_shared) {
-                continue;
-            }
-            const size_t have = std::min(c, d.n_fed);
-            if (!d.copied && have > best) {
-                best = have;
-                donor = &d;
-            }
-            const bool ahead = d.n_fed > s.n_fed || (d.n_fed == s.n_fed && d.seq < s.seq);
-            if (d.prefilling() && d.n_fed < c && ahead) {
-                later = std::max(later, c);
-            }
-        }
-        if (later >= best + min_shared) {
-            s.waiting = true;
-            continue;
-        }
-        if (donor == nullptr || best < s.n_fed + min_shared) {
-            continue;
-        }
-        const auto n = static_cast<llama_pos>(best);
+        const auto n = static_cast<llama_pos>(h.n_fed);
         llama_memory_seq_rm(mem_, s.seq, -1, -1);
-        llama_memory_seq_cp(mem_, donor->seq, s.seq, -1, -1);
+        llama_memory_seq_cp(mem_, h.donor, s.seq, -1, -1);
         llama_memory_seq_rm(mem_, s.seq, n, -1);
-        const auto gained = static_cast<int32_t>(best - s.n_fed);
+        const auto gained = static_cast<int32_t>(h.n_fed - s.n_fed);
         s.completion.n_prompt_tokens_shared += gained;
         stats_.n_prompt_tokens_shared += gained;
-        s.n_fed = best;
+        s.n_fed = h.n_fed;
         s.n_past = n;
-        s.copied = true;
     }
 }
 
@@ -333,79 +253,32 @@ void Scheduler::choose_sampler(Slot & slot, const GenerateParams & params, uint3
     slot.on_device = reduce && attached;
 }
 
+// Which slots add which tokens is plan_step's (step_plan.hpp); this builds its input from
+// the slots and decodes what it planned.
 void Scheduler::step() {
     reap_cancelled();
     admit();
     share_prefixes();
-    std::vector<Slot *> decoders;
-    size_t n_prompt_ready = 0;  // prompt tokens that could be decoded now
-    for (auto & s : slots_) {
-        s->pad = false;
-        if (!s->active) {
-            continue;
-        }
-        if (!s->prefilling()) {
-            decoders.push_back(s.get());
-        } else if (!s->waiting) {
-            n_prompt_ready += s->prompt.size() - s->n_fed;
-        }
+    for (size_t i = 0; i < slots_.size(); ++i) {
+        const Slot & s = *slots_[i];
+        SlotState & p = plan_slots_[i];
+        p.active = s.active;
+        p.prefilling = s.prefilling();
+        p.waiting = s.waiting;
+        p.left = s.prompt.size() - s.n_fed;
     }
-    // On a GPU, while prompts waiting to be decoded fill a batch on their own, they take it
-    // and the decoding slots wait: their tokens and the prompt chunks would be separate
-    // forward passes anyway, and once every prompt is in, all slots decode together in one.
-    const bool prompts_first = prompts_first_ && !decoders.empty() && decode_waits_ < max_decode_waits_ &&
-                               n_prompt_ready >= static_cast<size_t>(n_batch_) - decoders.size();
-    decode_waits_ = prompts_first ? decode_waits_ + 1 : 0;
-    if (prompts_first) {
-        decoders.clear();
-    }
+    plan_step(plan_slots_, policy_, n_batch_, prefill_rotation_, decode_waits_, plan_);
+    decode_waits_ = plan_.decode_waits;
+    prefill_rotation_ = (prefill_rotation_ + 1) % slots_.size();
     std::vector<Slot *> group;
-    int32_t budget = n_batch_;
-    // Decoding slots first: one token each, n_batch >= n_parallel guarantees room, for the
-    // padding between them too (slots are in seq_id order).
-    for (size_t i = 0; i < decoders.size(); ++i) {
-        Slot * s = decoders[i];
-        s->n_plan = 1;
-        --budget;
-        group.push_back(s);
-        if (i + 1 < decoders.size()) {
-            const auto gap = static_cast<size_t>(decoders[i + 1]->seq - s->seq - 1);
-            if (gap > 0 && gap <= max_padded_gap_) {
-                for (llama_seq_id q = s->seq + 1; q < decoders[i + 1]->seq; ++q) {
-                    Slot & p = *slots_[static_cast<size_t>(q)];
-                    p.pad = true;
-                    p.n_plan = 1;
-                    --budget;
-                    group.push_back(&p);
-                }
-            }
-        }
-    }
-    // Prompt chunks fill what is left, starting from a rotating slot so none starves. The
-    // first takes what fits; the others go only whole, because a cut prompt ends in a
-    // pass of its own next step. A padded slot that gets a chunk needs no padding.
-    bool first = true;
-    const size_t n = slots_.size();
-    for (size_t k = 0; k < n && budget > 0; ++k) {
-        Slot & s = *slots_[(prefill_rotation_ + k) % n];
-        if (!s.active || !s.prefilling() || s.waiting) {
-            continue;
-        }
-        const size_t left = s.prompt.size() - s.n_fed;
-        const auto room = static_cast<size_t>(budget + (s.pad ? 1 : 0));
-        if (!first && left > room) {
-            continue;
-        }
-        first = false;
-        s.n_plan = static_cast<int32_t>(std::min(left, room));
-        budget = static_cast<int32_t>(room) - s.n_plan;
-        if (s.pad) {
-            s.pad = false;  // already in the group
-        } else {
+    for (size_t i = 0; i < slots_.size(); ++i) {
+        Slot & s = *slots_[i];
+        s.pad = plan_.slots[i].pad;
+        if (plan_.slots[i].n_plan > 0) {
+            s.n_plan = plan_.slots[i].n_plan;
             group.push_back(&s);
         }
     }
-    prefill_rotation_ = (prefill_rotation_ + 1) % n;
     if (!group.empty()) {
         decode_group(std::move(group));
     }
@@ -528,7 +401,7 @@ void Scheduler::sample(const std::vector<Slot *> & slots) {
     // Where each slot's logits are: read on this thread (llama.cpp's accessors are not
     // thread-safe), sampled below on the pool.
     const int32_t n_vocab = model_.n_vocab();
-    int64_t work = 0;  // kMinPooledWork's units
+    int64_t work = 0;  // TokenChooser's units
     for (size_t i = 0; i < slots.size(); ++i) {
         Slot & s = *slots[i];
         if (s.on_device && device_->reducer->row(ctx_, s.seq, s.i_logits, rows[i])) {
@@ -540,7 +413,7 @@ void Scheduler::sample(const std::vector<Slot *> & slots) {
                 throw Error("llama.cpp returned no logits for a sequence that asked for them");
             }
         }
-        work += int64_t{rows[i].n} * (s.request.params->temperature <= 0.0f ? 1 : 4);
+        work += TokenChooser::work(*s.request.params, rows[i]);
     }
     // Each chain and row is its own, so sequences sample in parallel and pick exactly the
     // tokens they would pick one after another.
@@ -552,26 +425,7 @@ void Scheduler::sample(const std::vector<Slot *> & slots) {
             logprobs[i] = token_logprob(rows[i].logits, n_vocab, tokens[i]);
         }
     };
-    // Fewer rows than kMinPooled: one thread, unless they are 2 or more whole rows from a
-    // GPU. The pool's workers then poll for each step's choosing
-    // (TaskPool::Options::for_gpu_output), and the first pass over each row, a read of a row
-    // just copied into host memory, is split over them (choose_split). One row stays on the
-    // calling thread: split, it took as long greedy and 10 us longer typical on an H200's
-    // host (bench/README.md, "Choosing split over threads").
-    bool split = pool_ != nullptr && pool_->n_threads() > 1 && model_.output_on_gpu() &&
-                 slots.size() >= kMinSplit && slots.size() < kMinPooled;
-    for (size_t i = 0; split && i < slots.size(); ++i) {
-        split = splits(*slots[i]->request.params, rows[i]);
-    }
-    if (pool_ != nullptr && slots.size() >= kMinPooled && work >= kMinPooledWork) {
-        pool_->run(slots.size(), pick);
-    } else if (split) {
-        choose_split(*pool_, rows, split_maxima_, pick);
-    } else {
-        for (size_t i = 0; i < slots.size(); ++i) {
-            pick(i);
-        }
-    }
+    chooser_.choose(rows, work, [&](size_t i) -> const GenerateParams & { return *slots[i]->request.params; }, pick);
     stats_.t_sample_ms += ms_since(t0);
     for (size_t i = 0; i < slots.size(); ++i) {
         accept_token(*slots[i], tokens[i], logprobs[i]);
@@ -592,41 +446,26 @@ void Scheduler::accept_token(Slot & s, llama_token token, float logprob) {
         s.completion.logprobs.push_back(logprob);
     }
     ++stats_.n_gen_tokens;
-    const size_t before = s.bytes.size();
-    s.bytes += model_.token_piece(token);
-    if (!params.stop.empty()) {
-        const size_t at = find_stop(s.bytes, params.stop, before);
-        if (at != std::string::npos) {
-            s.bytes.resize(at);
-            finish(s, FinishReason::Stop);
-            return;
-        }
+    if (s.text.append(model_.token_piece(token), params.stop)) {
+        finish(s, FinishReason::Stop);
+        return;
     }
     if (s.completion.token_ids.size() >= static_cast<size_t>(params.max_tokens) || s.n_past >= n_ctx_seq_) {
         finish(s, FinishReason::Length);  // max_tokens, or no position left to feed the token
         return;
     }
     s.pending = token;
-    emit_text(s, false);
+    emit_text(s);
 }
 
-void Scheduler::emit_text(Slot & s, bool final) {
+void Scheduler::emit_text(Slot & s) {
     if (!s.request.on_text) {
         return;
     }
-    size_t upto = s.bytes.size();
-    if (!final) {
-        // Hold back an incomplete UTF-8 character and anything that may begin a stop string.
-        upto = utf8_complete_prefix(s.bytes);
-        upto = std::min(upto, s.bytes.size() - stop_prefix_suffix(s.bytes, s.request.params->stop));
+    const std::string piece = s.text.next_piece(s.request.params->stop, false);
+    if (!piece.empty()) {
+        s.request.on_text(piece);
     }
-    if (upto <= s.n_emitted) {
-        return;
-    }
-    const std::string piece = utf8_sanitize(s.bytes.substr(s.n_emitted, upto - s.n_emitted));
-    s.n_emitted = upto;
-    s.emitted += piece;
-    s.request.on_text(piece);
 }
 
 void Scheduler::finish(Slot & s, FinishReason reason, const std::string & error) {
@@ -646,18 +485,16 @@ void Scheduler::finish(Slot & s, FinishReason reason, const std::string & error)
     if (s.request.on_text) {
         // Stream the rest, so that the pieces add up to the final text exactly.
         try {
-            emit_text(s, true);
+            const std::string piece = s.text.next_piece(s.request.params->stop, true);
+            if (!piece.empty()) {
+                s.request.on_text(piece);
+            }
         } catch (...) {
         }
-        c.text = std::move(s.emitted);
-    } else {
-        c.text = utf8_sanitize(s.bytes);
     }
+    c.text = s.text.take_text();
     c.n_gen_tokens = static_cast<int32_t>(c.token_ids.size());
     c.t_total_ms = ms_since(s.request.t_submit);
-    s.bytes.clear();
-    s.emitted.clear();
-    s.n_emitted = 0;
     Request request = std::move(s.request);
     s.request = Request();
     request.on_done(std::move(c));

@@ -8,7 +8,6 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
-#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -17,7 +16,11 @@
 #include "core/model.hpp"
 #include "core/params.hpp"
 #include "core/pool.hpp"
+#include "core/prefix_sharing.hpp"
 #include "core/sampling.hpp"
+#include "core/step_plan.hpp"
+#include "core/step_policy.hpp"
+#include "core/token_chooser.hpp"
 #include "llama.h"
 
 namespace fastpar {
@@ -58,34 +61,29 @@ inline int32_t batch_add(llama_batch & batch, llama_token token, llama_pos pos, 
     return i;
 }
 
+struct SchedulerOptions {
+    int32_t n_parallel = 1;
+    int32_t n_batch = 1;    // most tokens a step decodes, >= n_parallel
+    int32_t n_ctx_seq = 0;  // positions one sequence may use
+    StepPolicy policy;
+    // Chooses tokens of many sequences on the host at once; may be null.
+    TaskPool * pool = nullptr;
+    // With it (kept by the context), rows of logits are cut down to their best candidates
+    // inside the graph for every request whose chain can start from them
+    // (LogitReducer::serves); the others get whole rows. May be null.
+    DeviceSampling * device = nullptr;
+};
+
 class Scheduler {
 public:
-    // `batch` must hold at least n_batch tokens; `n_ctx_seq` is what one sequence may use.
-    // `pool` (may be null) samples many sequences on the host at once. With `device` (kept
-    // by the context), rows of logits are cut down to their best candidates inside the
-    // graph and only those come back, for every request whose chain can start from them
-    // (LogitReducer::serves); the others get whole rows. With
-    // `share_prefixes`, a prompt that starts like another one copies that common prefix
-    // from the other's KV cache rather than decoding it again (models whose memory cannot
-    // be copied by position, recurrent, hybrid or sliding-window, decode everything).
-    // `kv_unified` says the context has one KV buffer for all sequences; without it, and
-    // with the model on a GPU, steps are shaped so that llama.cpp runs them in few forward
-    // passes (scheduler.cpp says how).
-    Scheduler(const Model & model, llama_context * ctx, llama_batch & batch, int32_t n_parallel,
-              int32_t n_batch, int32_t n_ctx_seq, Stats & stats, TaskPool * pool = nullptr,
-              DeviceSampling * device = nullptr, bool share_prefixes = false,
-              bool kv_unified = false);
+    // `batch` must hold at least options.n_batch tokens; every choice that differs between
+    // a CPU and a GPU comes in options.policy (step_policy.hpp).
+    Scheduler(const Model & model, llama_context * ctx, llama_batch & batch, const SchedulerOptions & options,
+              Stats & stats);
     // Cancels whatever is still queued or running, so the context is left clean.
     ~Scheduler();
     Scheduler(const Scheduler &) = delete;
     Scheduler & operator=(const Scheduler &) = delete;
-
-    // For streaming (the Engine): on a GPU, decoding slots let new prompts go first at most
-    // kStreamingDecodeWaits steps in a row, so a running sequence still gets a token at
-    // least every kStreamingDecodeWaits + 1 steps. Without it (generate_parallel, where only
-    // the total time counts) prompts go first for as long as they fill a batch.
-    static constexpr int32_t kStreamingDecodeWaits = 3;
-    void limit_decode_waits() { max_decode_waits_ = kStreamingDecodeWaits; }
 
     void enqueue(Request request);
     bool idle() const;
@@ -105,8 +103,7 @@ private:
     void choose_sampler(Slot & slot, const GenerateParams & params, uint32_t seed);
     void admit();
     void share_prefixes();
-    size_t pair(const Slot & a, const Slot & b) const;
-    void emit_text(Slot & slot, bool final);
+    void emit_text(Slot & slot);
     void decode_group(std::vector<Slot *> group);
     void sample(const std::vector<Slot *> & slots);
     void accept_token(Slot & slot, llama_token token, float logprob);
@@ -121,15 +118,15 @@ private:
     Stats & stats_;
     TaskPool * pool_;
     DeviceSampling * device_;
-    std::vector<float> split_maxima_;  // whole rows' block maxima when a step splits them (sample)
-    bool share_prefixes_;
-    std::vector<size_t> common_;  // [a * n_parallel + b]: common leading prompt tokens of active slots a, b
+    StepPolicy policy_;
+    TokenChooser chooser_;
+    PrefixSharing sharing_;  // for no slot unless policy_.share_prefixes
+    std::vector<SharingSlot> sharing_slots_;  // reused each step
+    std::vector<SlotState> plan_slots_;       // reused each step
+    StepPlan plan_;                           // reused each step
     std::vector<std::unique_ptr<Slot>> slots_;
     std::deque<Request> queue_;
     size_t prefill_rotation_ = 0;  // which slot's prompt goes first, for fairness
-    size_t max_padded_gap_;        // longest run of idle slots between decoding ones to pad
-    bool prompts_first_;           // waiting prompts may take a whole batch (GPU)
-    int32_t max_decode_waits_ = std::numeric_limits<int32_t>::max();
     int32_t decode_waits_ = 0;     // steps in a row the decoding slots have waited
 };
 

@@ -6,8 +6,6 @@
 
 #include "core/context.hpp"
 #include "core/errors.hpp"
-#include "core/pool.hpp"
-#include "core/sampling.hpp"
 #include "python/module.hpp"
 
 namespace py = pybind11;
@@ -72,21 +70,6 @@ Prompt to_prompt(const PromptIn & in) {
 }
 
 void register_generate(py::module_ & m) {
-    m.def(
-        "_sample_against_llama",
-        [](const GenerateParams & params, uint32_t seed, const std::vector<float> & logits,
-           const std::vector<llama_token> & blocks, int32_t width, int32_t draws, int32_t split_rows,
-           int32_t pool_workers) {
-            return sample_against_llama(params, seed, logits, blocks, width, draws, split_rows, pool_workers);
-        },
-        py::arg("params"), py::arg("seed"), py::arg("logits"), py::arg("blocks"), py::arg("width"), py::arg("draws"),
-        py::arg("split_rows") = 0, py::arg("pool_workers") = 0,
-        "For tests: tokens fastpar's host sampling picks next to those llama.cpp's own chain picks "
-        "(core/sampling.hpp, sample_against_llama).");
-    m.def("_stress_task_pool", &stress_task_pool, py::call_guard<py::gil_scoped_release>(), py::arg("n_workers"),
-          py::arg("runs"), py::arg("wake_needed") = false, py::arg("caller_spin_us") = 0,
-          py::arg("anticipate_us") = 0,
-          "For tests: runs that broke the sampling pool's contract (core/pool.hpp, stress_task_pool).");
     py::class_<ContextParams>(m, "ContextParams", "Options of a context; defaults are fastpar's.")
         .def(py::init<>())
         .def_readwrite("n_parallel", &ContextParams::n_parallel)

@@ -12,7 +12,4 @@ PYBIND11_MODULE(_core, m) {
     fastpar::python::register_engine(m);
     m.def("version", &fastpar::version, "Version of the native library.");
     m.def("backend", &fastpar::backend_name, "Backend the native library was built for: 'cpu', 'cuda' or 'metal'.");
-    // n_batch=None's physical batch on the CPU and on a GPU, for bench/run.py's raw baseline.
-    m.attr("_cpu_batch") = fastpar::kCpuBatch;
-    m.attr("_gpu_batch") = fastpar::kGpuBatch;
 }

@@ -16,21 +16,6 @@ class QueueFull(FastparError): ...
 def version() -> str: ...
 def backend() -> str: ...
 
-# For tests only (tests/test_sampling.py, tests/test_threads.py).
-def _sample_against_llama(
-    params: GenerateParams,
-    seed: int,
-    logits: list[float],
-    blocks: list[int],
-    width: int,
-    draws: int,
-    split_rows: int = 0,
-    pool_workers: int = 0,
-) -> tuple[list[int], list[int]]: ...
-def _stress_task_pool(
-    n_workers: int, runs: int, wake_needed: bool = False, caller_spin_us: int = 0, anticipate_us: int = 0
-) -> int: ...
-
 class ModelParams:
     n_gpu_layers: int
     use_mmap: bool

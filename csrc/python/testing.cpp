@@ -1,0 +1,196 @@
+// fastpar._testing: what the tests and the benchmark harness reach inside the core, kept
+// out of the shipped module fastpar._core (CMake option FASTPAR_TESTING). The step
+// planner, prefix sharing, the text stream and token choosing are exposed alone, so that
+// their rules (the GPU-only ones too) are tested without a model.
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "core/params.hpp"
+#include "core/pool.hpp"
+#include "core/prefix_sharing.hpp"
+#include "core/sampling.hpp"
+#include "core/step_plan.hpp"
+#include "core/step_policy.hpp"
+#include "core/text_stream.hpp"
+#include "core/token_chooser.hpp"
+
+namespace py = pybind11;
+
+namespace fastpar::python {
+namespace {
+
+void register_step_plan(py::module_ & m) {
+    py::class_<StepPolicy>(m, "StepPolicy", "The step's CPU/GPU choices (core/step_policy.hpp).")
+        .def(py::init<>())
+        .def_readwrite("max_padded_gap", &StepPolicy::max_padded_gap)
+        .def_readwrite("prompts_first", &StepPolicy::prompts_first)
+        .def_readwrite("max_decode_waits", &StepPolicy::max_decode_waits)
+        .def_readwrite("split_rows", &StepPolicy::split_rows)
+        .def_readwrite("share_prefixes", &StepPolicy::share_prefixes)
+        .def_property_readonly("pool_anticipate_us", [](const StepPolicy & p) { return p.pool.anticipate_us; })
+        .def_property_readonly("pool_caller_spin_us", [](const StepPolicy & p) { return p.pool.caller_spin_us; });
+    m.def("resolve_step_policy", &resolve_step_policy, py::arg("output_on_gpu"), py::arg("kv_unified"),
+          py::arg("memory_copies_by_position"), py::arg("share_prefixes"), py::arg("n_parallel"),
+          py::arg("n_threads"));
+    m.attr("MAX_PADDED_GAP_GPU") = kMaxPaddedGapGpu;
+    m.attr("STREAMING_DECODE_WAITS") = kStreamingDecodeWaits;
+    m.attr("UNLIMITED_DECODE_WAITS") = kUnlimitedDecodeWaits;
+
+    py::class_<SlotState>(m, "SlotState", "One slot as the step planner sees it.")
+        .def(py::init([](bool active, bool prefilling, bool waiting, size_t left) {
+                 SlotState s;
+                 s.active = active;
+                 s.prefilling = prefilling;
+                 s.waiting = waiting;
+                 s.left = left;
+                 return s;
+             }),
+             py::arg("active") = false, py::arg("prefilling") = false, py::arg("waiting") = false,
+             py::arg("left") = 0)
+        .def_readwrite("active", &SlotState::active)
+        .def_readwrite("prefilling", &SlotState::prefilling)
+        .def_readwrite("waiting", &SlotState::waiting)
+        .def_readwrite("left", &SlotState::left);
+    m.def(
+        "plan_step",
+        [](const std::vector<SlotState> & slots, const StepPolicy & policy, int32_t n_batch, size_t rotation,
+           int32_t decode_waits) {
+            StepPlan plan;
+            plan_step(slots, policy, n_batch, rotation, decode_waits, plan);
+            py::dict out;
+            std::vector<int32_t> n_plan;
+            std::vector<bool> pad;
+            for (const SlotPlan & p : plan.slots) {
+                n_plan.push_back(p.n_plan);
+                pad.push_back(p.pad);
+            }
+            out["n_plan"] = n_plan;
+            out["pad"] = pad;
+            out["decode_waits"] = plan.decode_waits;
+            out["prompts_first"] = plan.prompts_first;
+            out["n_tokens"] = plan.n_tokens;
+            return out;
+        },
+        py::arg("slots"), py::arg("policy"), py::arg("n_batch"), py::arg("rotation") = 0, py::arg("decode_waits") = 0,
+        "core/step_plan.hpp's plan_step: a dict of n_plan and pad per slot, decode_waits, prompts_first, n_tokens.");
+}
+
+void register_prefix_sharing(py::module_ & m) {
+    py::class_<SharingSlot>(m, "SharingSlot", "One slot as prefix sharing sees it.")
+        .def(py::init([](bool active, size_t n_fed, size_t prompt_size) {
+                 SharingSlot s;
+                 s.active = active;
+                 s.n_fed = n_fed;
+                 s.prompt_size = prompt_size;
+                 return s;
+             }),
+             py::arg("active") = false, py::arg("n_fed") = 0, py::arg("prompt_size") = 0)
+        .def_readwrite("active", &SharingSlot::active)
+        .def_readwrite("n_fed", &SharingSlot::n_fed)
+        .def_readwrite("prompt_size", &SharingSlot::prompt_size)
+        .def_readonly("waiting", &SharingSlot::waiting)
+        .def_readonly("copied", &SharingSlot::copied)
+        .def_readonly("donor", &SharingSlot::donor);
+    py::class_<PrefixSharing>(m, "PrefixSharing", "core/prefix_sharing.hpp's decisions, without a KV cache.")
+        .def(py::init<size_t, size_t>(), py::arg("n_slots"), py::arg("min_shared") = static_cast<size_t>(kMinSharedPrefix))
+        .def("pair_up", &PrefixSharing::pair_up, py::arg("a"), py::arg("prompt_a"), py::arg("b"), py::arg("prompt_b"))
+        .def("common", &PrefixSharing::common, py::arg("a"), py::arg("b"))
+        .def(
+            "decide",
+            [](const PrefixSharing & sharing, std::vector<SharingSlot> slots) {
+                sharing.decide(slots);
+                return slots;
+            },
+            py::arg("slots"), "The slots with waiting, copied, donor and n_fed decided for one step.");
+    m.attr("MIN_SHARED_PREFIX") = kMinSharedPrefix;
+}
+
+void register_text_stream(py::module_ & m) {
+    py::class_<TextStream>(m, "TextStream", "core/text_stream.hpp: a generation's text, stop strings, pieces.")
+        .def(py::init([](bool streaming) {
+                 TextStream t;
+                 t.reset(streaming);
+                 return t;
+             }),
+             py::arg("streaming") = true)
+        .def("append", [](TextStream & t, const py::bytes & piece,
+                          const std::vector<std::string> & stops) { return t.append(std::string(piece), stops); },
+             py::arg("piece"), py::arg("stops") = std::vector<std::string>())
+        .def("next_piece", &TextStream::next_piece, py::arg("stops") = std::vector<std::string>(),
+             py::arg("final") = false)
+        .def("take_text", &TextStream::take_text)
+        .def_property_readonly("bytes", [](const TextStream & t) { return py::bytes(t.bytes()); });
+}
+
+void register_token_chooser(py::module_ & m) {
+    m.def(
+        "choose_way",
+        [](size_t n_rows, int64_t work, bool have_pool, bool split_rows, bool rows_split) {
+            return std::string(way_name(TokenChooser::decide(n_rows, work, have_pool, split_rows, rows_split)));
+        },
+        py::arg("n_rows"), py::arg("work"), py::arg("have_pool"), py::arg("split_rows"), py::arg("rows_split"),
+        "core/token_chooser.hpp's decision: 'one_thread', 'pooled' or 'split'.");
+    m.def(
+        "choose_work",
+        [](const GenerateParams & params, int32_t n_logits) {
+            LogitRow row;
+            row.n = n_logits;
+            return TokenChooser::work(params, row);
+        },
+        py::arg("params"), py::arg("n_logits"), "Work units of choosing from a row of n_logits with these params.");
+    m.def(
+        "rows_split",
+        [](const GenerateParams & params, int32_t n_logits, bool device_blocks) {
+            static const float logit = 0.0f;
+            static const llama_token block = 0;
+            LogitRow row;
+            row.logits = &logit;
+            row.n = n_logits;
+            if (device_blocks) {
+                row.blocks = &block;
+                row.width = n_logits;
+            }
+            return splits(params, row);
+        },
+        py::arg("params"), py::arg("n_logits"), py::arg("device_blocks") = false,
+        "core/sampling.hpp's splits(): whether a row of n_logits may be split over threads.");
+    m.attr("MIN_POOLED") = kMinPooled;
+    m.attr("MIN_POOLED_WORK") = kMinPooledWork;
+    m.attr("MIN_SPLIT") = kMinSplit;
+}
+
+}  // namespace
+}  // namespace fastpar::python
+
+PYBIND11_MODULE(_testing, m) {
+    using namespace fastpar;
+    m.doc() = "fastpar's test and benchmark hooks (not part of the API).";
+    // GenerateParams and the other shared types are registered by fastpar._core.
+    py::module_::import("fastpar._core");
+    fastpar::python::register_step_plan(m);
+    fastpar::python::register_prefix_sharing(m);
+    fastpar::python::register_text_stream(m);
+    fastpar::python::register_token_chooser(m);
+    m.def(
+        "sample_against_llama",
+        [](const GenerateParams & params, uint32_t seed, const std::vector<float> & logits,
+           const std::vector<llama_token> & blocks, int32_t width, int32_t draws, int32_t split_rows,
+           int32_t pool_workers) {
+            return sample_against_llama(params, seed, logits, blocks, width, draws, split_rows, pool_workers);
+        },
+        py::arg("params"), py::arg("seed"), py::arg("logits"), py::arg("blocks"), py::arg("width"), py::arg("draws"),
+        py::arg("split_rows") = 0, py::arg("pool_workers") = 0,
+        "Tokens fastpar's host sampling picks next to those llama.cpp's own chain picks "
+        "(core/sampling.hpp, sample_against_llama).");
+    m.def("stress_task_pool", &stress_task_pool, py::call_guard<py::gil_scoped_release>(), py::arg("n_workers"),
+          py::arg("runs"), py::arg("caller_spin_us") = 0, py::arg("anticipate_us") = 0,
+          "Runs that broke the sampling pool's contract (core/pool.hpp, stress_task_pool).");
+    // n_batch=None's physical batch on the CPU and on a GPU, for bench/run.py's raw baseline.
+    m.attr("cpu_batch") = kCpuBatch;
+    m.attr("gpu_batch") = kGpuBatch;
+}

@@ -1,0 +1,181 @@
+"""The step planner alone (csrc/core/step_plan.hpp), without a model: which slots add which
+tokens to a step's batch under the CPU policy and the GPU one (padding of gaps between
+decoding slots, prompts first), the prompt chunk rules, fairness and the batch budget."""
+
+import random
+
+import pytest
+
+from fastpar import _testing as T
+
+
+def decoding():
+    return T.SlotState(active=True)
+
+
+def prompt(left, waiting=False):
+    return T.SlotState(active=True, prefilling=True, waiting=waiting, left=left)
+
+
+def idle():
+    return T.SlotState()
+
+
+def gpu_policy(**overrides):
+    p = T.resolve_step_policy(output_on_gpu=True, kv_unified=False, memory_copies_by_position=True,
+                              share_prefixes=False, n_parallel=64, n_threads=16)
+    for key, value in overrides.items():
+        setattr(p, key, value)
+    return p
+
+
+def cpu_policy():
+    return T.resolve_step_policy(output_on_gpu=False, kv_unified=False, memory_copies_by_position=True,
+                                 share_prefixes=False, n_parallel=64, n_threads=16)
+
+
+def test_policy_resolution_differs_between_cpu_and_gpu():
+    cpu, gpu = cpu_policy(), gpu_policy()
+    assert (cpu.max_padded_gap, cpu.prompts_first, cpu.split_rows) == (0, False, False)
+    assert (gpu.max_padded_gap, gpu.prompts_first, gpu.split_rows) == (T.MAX_PADDED_GAP_GPU, True, True)
+    assert cpu.pool_anticipate_us == 0 and gpu.pool_anticipate_us > 0
+    assert cpu.max_decode_waits == gpu.max_decode_waits == T.UNLIMITED_DECODE_WAITS
+    # One KV buffer for all sequences: one forward pass anyway, nothing to pad or reorder.
+    unified = T.resolve_step_policy(True, True, True, False, 64, 16)
+    assert (unified.max_padded_gap, unified.prompts_first) == (0, False)
+    # Padding is removed by position afterwards: only for memory copyable by position.
+    recurrent = T.resolve_step_policy(True, False, False, True, 64, 16)
+    assert recurrent.max_padded_gap == 0 and recurrent.prompts_first and not recurrent.share_prefixes
+    # One thread: nothing to split a row over.
+    assert not T.resolve_step_policy(True, False, True, False, 64, 1).split_rows
+    assert not T.resolve_step_policy(False, False, True, True, 1, 16).share_prefixes
+    assert T.resolve_step_policy(False, False, True, True, 2, 16).share_prefixes
+
+
+def test_gaps_between_decoding_slots_are_padded_up_to_the_max_and_not_beyond():
+    # Decoding slots 0, 3 and 9: a gap of 2 (padded with max 2), then a gap of 5 (not).
+    slots = [decoding(), idle(), idle(), decoding()] + [idle()] * 5 + [decoding()]
+    plan = T.plan_step(slots, gpu_policy(max_padded_gap=2), n_batch=64)
+    assert plan["pad"] == [False, True, True, False] + [False] * 5 + [False]
+    assert plan["n_plan"] == [1, 1, 1, 1] + [0] * 5 + [1]
+    assert plan["n_tokens"] == 5
+    plan = T.plan_step(slots, gpu_policy(max_padded_gap=5), n_batch=64)
+    assert plan["pad"] == [False, True, True, False] + [True] * 5 + [False]
+    assert plan["n_tokens"] == 10
+    # Idle slots before the first and after the last decoding slot are never padded.
+    plan = T.plan_step([idle(), decoding(), idle(), decoding(), idle()], gpu_policy(), n_batch=8)
+    assert plan["pad"] == [False, False, True, False, False]
+
+
+def test_cpu_policy_never_pads():
+    slots = [decoding(), idle(), prompt(5, waiting=True), decoding(), idle(), decoding()]
+    plan = T.plan_step(slots, cpu_policy(), n_batch=16)
+    assert not any(plan["pad"])
+    assert plan["n_plan"] == [1, 0, 0, 1, 0, 1]
+
+
+def test_a_padded_slot_with_a_prompt_chunk_is_not_padding():
+    # Slot 1 prefills (3 tokens left) between two decoding slots; slot 2 waits for a prefix.
+    slots = [decoding(), prompt(3), prompt(40, waiting=True), decoding()]
+    plan = T.plan_step(slots, gpu_policy(), n_batch=8)
+    assert plan["pad"] == [False, False, True, False]
+    assert plan["n_plan"] == [1, 3, 1, 1]
+    assert plan["n_tokens"] == 6
+
+
+def test_prompts_first_take_the_batch_while_prompts_fill_it():
+    policy = gpu_policy()
+    # 2 decoding slots and 30 prompt tokens ready, n_batch 32: 30 >= 32 - 2, prompts first.
+    slots = [decoding(), decoding(), prompt(20), prompt(10)]
+    plan = T.plan_step(slots, policy, n_batch=32)
+    assert plan["prompts_first"]
+    assert plan["n_plan"] == [0, 0, 20, 10]
+    assert plan["decode_waits"] == 1
+    # One token short of filling it: everybody goes, decoding slots first.
+    plan = T.plan_step([decoding(), decoding(), prompt(19), prompt(10)], policy, n_batch=32)
+    assert not plan["prompts_first"]
+    assert plan["n_plan"] == [1, 1, 19, 10]
+    assert plan["decode_waits"] == 0
+    # A waiting prompt does not count as ready.
+    plan = T.plan_step([decoding(), decoding(), prompt(20), prompt(10, waiting=True)], policy, n_batch=32)
+    assert not plan["prompts_first"]
+    # The CPU policy never lets the decoding slots wait.
+    plan = T.plan_step(slots, cpu_policy(), n_batch=32)
+    assert not plan["prompts_first"] and plan["n_plan"][:2] == [1, 1]
+
+
+def test_prompts_first_stops_at_its_decode_waits_limit():
+    policy = gpu_policy(max_decode_waits=T.STREAMING_DECODE_WAITS)
+    slots = [decoding(), prompt(100), prompt(100)]
+    waits, firsts = 0, []
+    for step in range(2 * (T.STREAMING_DECODE_WAITS + 1)):
+        plan = T.plan_step(slots, policy, n_batch=16, rotation=step % 3, decode_waits=waits)
+        firsts.append(plan["prompts_first"])
+        waits = plan["decode_waits"]
+    # The decoding slot waits at most STREAMING_DECODE_WAITS steps in a row, then decodes.
+    period = [True] * T.STREAMING_DECODE_WAITS + [False]
+    assert firsts == period * 2
+    # Unlimited (generate_parallel): prompts keep the batch while they fill it.
+    plan = T.plan_step(slots, gpu_policy(), n_batch=16, decode_waits=10**6)
+    assert plan["prompts_first"] and plan["decode_waits"] == 10**6 + 1
+
+
+def test_first_chunk_takes_what_fits_the_others_only_whole():
+    # Budget 10: slot 0 (rotation start) takes 10 of its 25; nothing is left.
+    plan = T.plan_step([prompt(25), prompt(3), prompt(4)], cpu_policy(), n_batch=10)
+    assert plan["n_plan"] == [10, 0, 0]
+    # Rotation 1: slot 1 takes all 3; slot 2 fits whole (4 <= 7); slot 0 (25 > 3) waits.
+    plan = T.plan_step([prompt(25), prompt(3), prompt(4)], cpu_policy(), n_batch=10, rotation=1)
+    assert plan["n_plan"] == [0, 3, 4]
+    # A later prompt that does not fit whole is skipped, a smaller one after it still goes.
+    plan = T.plan_step([prompt(6), prompt(9), prompt(2)], cpu_policy(), n_batch=10)
+    assert plan["n_plan"] == [6, 0, 2]
+    # With decoding slots, the chunks get what they leave.
+    plan = T.plan_step([decoding(), prompt(30), decoding()], cpu_policy(), n_batch=10)
+    assert plan["n_plan"] == [1, 8, 1]
+
+
+def test_rotation_lets_every_prompt_go_first():
+    # Four long prompts, a batch that holds part of one: each step the slot the rotation
+    # names gets the batch, so every prompt makes progress.
+    n_batch = 8
+    left = [100, 100, 100, 100]
+    for step in range(8):
+        slots = [prompt(n) for n in left]
+        plan = T.plan_step(slots, cpu_policy(), n_batch=n_batch, rotation=step % 4)
+        assert plan["n_plan"][step % 4] == n_batch
+        assert sum(plan["n_plan"]) == n_batch
+        left = [n - k for n, k in zip(left, plan["n_plan"])]
+    assert left == [84, 84, 84, 84]
+
+
+@pytest.mark.parametrize("gpu", [False, True])
+def test_budget_is_never_exceeded_and_every_rule_holds(gpu):
+    rng = random.Random(5)
+    for _ in range(3000):
+        n = rng.randint(1, 24)
+        n_batch = rng.randint(n, n + 40)
+        slots = []
+        for _ in range(n):
+            kind = rng.randrange(4)
+            slots.append(idle() if kind == 0 else decoding() if kind == 1 else
+                         prompt(rng.randint(1, 60), waiting=kind == 3 and rng.random() < 0.5))
+        policy = gpu_policy(max_padded_gap=rng.randint(0, 6)) if gpu else cpu_policy()
+        plan = T.plan_step(slots, policy, n_batch=n_batch, rotation=rng.randrange(n), decode_waits=rng.randint(0, 4))
+        n_plan, pad = plan["n_plan"], plan["pad"]
+        assert sum(n_plan) == plan["n_tokens"] <= n_batch
+        for s, k, p in zip(slots, n_plan, pad):
+            if p:
+                assert k == 1 and not (s.active and not s.prefilling)
+            elif s.active and not s.prefilling:
+                assert k == (0 if plan["prompts_first"] else 1)
+            elif s.active and not s.waiting:
+                assert 0 <= k <= s.left
+            else:
+                assert k == 0
+        # Only the first chunk (in rotation order) may be cut.
+        cut = [i for i, (s, k, p) in enumerate(zip(slots, n_plan, pad))
+               if s.active and s.prefilling and not p and 0 < k < s.left]
+        assert len(cut) <= 1
+        if not gpu:
+            assert not any(pad) and not plan["prompts_first"]
