@@ -120,8 +120,8 @@ void LogitReducer::build(ggml_context * ctx, ggml_tensor * logits, bool in_decod
     top_ = static_cast<int32_t>(std::min<int64_t>(kTopBlocks, n_blocks));
     // Block maxima in two pooling ops, over 8 logits and then over width / 8 of those
     // maxima: ggml's CUDA pooling runs one thread an output value, so one op over 128
-    // logits leaves a thread reading 128 in a row (bench/c/reducer_ops.cpp: 523 us at 256
-    // rows, two ops 112 us).
+    // logits leaves a thread reading 128 in a row, several times slower than two ops
+    // (bench/c/reducer_ops.cpp measures both).
     ggml_tensor * maxima = logits;
     int64_t left = width_;
     if (left >= 16 && left % 8 == 0) {

@@ -77,10 +77,9 @@ Model::Model(const std::string & path, const ModelParams & params) : path_(path)
     // llama.cpp keeps the token-embedding table (the input layer) in host memory, so every
     // decode first looks up its tokens' rows on the CPU. A quantized table is dequantized
     // there row by row while the GPU waits: with every layer on a GPU, such a table goes
-    // to the (first) GPU too, where the lookup is one kernel. Measured on an H100
-    // (bench/README.md, "Token embeddings"), a Q4_K_M model (its table Q6_K): 256 slots
-    // 821 instead of 953 ms a call, 32 slots 231 instead of 243 ms; an F16 table was slower
-    // there at 32 slots (212 against 188 ms), so unquantized tables stay where they are.
+    // to the (first) GPU too, where the lookup is one kernel. An unquantized table was
+    // slower there, so it stays where llama.cpp puts it (docs/performance.md, "Token
+    // embeddings").
     llama_model_tensor_buft_override overrides[2] = {{nullptr, nullptr}, {nullptr, nullptr}};
     if (llama_supports_gpu_offload() && params.n_gpu_layers != 0 &&
         quantized_embeddings_all_offloaded(path, params.n_gpu_layers)) {

@@ -15,16 +15,14 @@ struct ModelParams {
 };
 
 // device_sampling=-1 (auto) cuts rows of logits down on the device when the model's output
-// layer runs on a GPU and the context has at least this many slots. Measured on an H100
-// (bench/README.md, "Device sampling"): faster than host sampling at 8 slots and above,
-// slower with 1 slot (between 1 and 8 not measured).
+// layer runs on a GPU and the context has at least this many slots: from there it beats
+// host sampling, with one slot it loses (docs/performance.md, "Device sampling").
 constexpr int32_t kAutoDeviceSamplingSlots = 8;
 
 // n_batch=0 (auto) and llama.cpp's physical batch (n_ubatch = min(n_batch, this)). On the CPU
 // larger physical batches grow the compute buffer for little gain; on a GPU each decode
 // of a prompt batch costs about the same host time whatever its size, so fewer, larger
-// ones take less: measured on an H100 (bench/README.md, "Physical batch"), 256 prompts
-// of 32 tokens decode in 85 instead of 147 ms with 2048.
+// ones take less (docs/performance.md, "Physical batch").
 constexpr int32_t kCpuBatch = 512;
 constexpr int32_t kGpuBatch = 2048;
 

@@ -118,8 +118,7 @@ constexpr size_t kSplitBlocks = 64;
 // Appends to `cur` every logit of x[b..end) at or above `reach` (never a NaN), in order,
 // as candidates of `row`. Four logits are compared at a time: in a whole vocabulary the
 // blocks read here hold about one such logit each, and a compare-and-branch per logit was
-// most of the top-k pass after the block maxima (bench/c/choose_row.cpp, 2-core CPU, row
-// in the caches: the typical chain's choice from 43.5 to 28.6 us a token).
+// most of the top-k pass after the block maxima (bench/c/choose_row.cpp measures it).
 void append_reaching(const float * x, int32_t b, int32_t end, float reach, const LogitRow & row,
                      std::vector<llama_token_data> & cur) {
     int32_t j = b;
