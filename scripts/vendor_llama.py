@@ -42,6 +42,8 @@ def _sdist_path() -> pathlib.Path:
     local = os.environ.get("FASTPAR_LLAMA_SDIST")
     if local:
         path = pathlib.Path(local)
+        if not path.is_file():
+            sys.exit(f"vendor_llama: FASTPAR_LLAMA_SDIST={path} is not a file")
         if fetch.sha256_of(path) != SDIST_SHA256:
             sys.exit(f"vendor_llama: {path} does not have sha256 {SDIST_SHA256}")
         return path
