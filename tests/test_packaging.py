@@ -31,7 +31,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 PROMPTS = ["The capital of France is", "Water boils at"]
 # What an sdist must carry to build fastpar without fetching anything.
-SDIST_NEEDS = ("pyproject.toml", "CMakeLists.txt", "build_backend/backend.py", "scripts/vendor_llama.py",
+SDIST_NEEDS = ("pyproject.toml", "LICENSE", "CMakeLists.txt", "build_backend/backend.py", "scripts/vendor_llama.py",
                "csrc/capi/fastpar.h", "vendor/llama.cpp/CMakeLists.txt", "vendor/llama.cpp/include/llama.h",
                "vendor/llama.cpp/FASTPAR_VENDORED", "vendor/llama.cpp/ggml/src/ggml.c")
 
