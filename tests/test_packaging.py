@@ -64,6 +64,15 @@ def offline_env(tmp: pathlib.Path) -> dict:
     return env
 
 
+def no_network() -> list:
+    """A command prefix that runs its command without any network (a new, empty network
+    namespace) where the system allows it; offline_env() stands alone otherwise."""
+    probe = ["unshare", "--map-root-user", "--net", "true"]
+    if shutil.which("unshare") and subprocess.run(probe, capture_output=True).returncode == 0:
+        return probe[:-1]
+    return []
+
+
 @pytest.fixture(scope="session")
 def sdist(tmp_path_factory):
     """The sdist `python -m build --sdist` makes in a fresh clone (isolated, as a user runs it)."""
@@ -85,8 +94,8 @@ def wheel_env(sdist, tmp_path_factory):
         kwargs = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
         tar.extractall(tmp / "src", **kwargs)
     (src,) = (tmp / "src").iterdir()
-    build = run([sys.executable, "-m", "pip", "wheel", "-v", "--no-build-isolation", "--no-deps", "--no-index",
-                 "-w", tmp / "dist", src], env=offline_env(tmp))
+    build = run([*no_network(), sys.executable, "-m", "pip", "wheel", "-v", "--no-build-isolation", "--no-deps",
+                 "--no-index", "-w", tmp / "dist", src], env=offline_env(tmp))
     # The build backend and CMake both found llama.cpp in place; neither tried to fetch it.
     assert "vendor_llama: vendor/llama.cpp already holds commit" in build.stdout + build.stderr
     assert "fetching the pinned source" not in build.stdout + build.stderr
@@ -121,13 +130,14 @@ def test_sdist_from_a_fresh_clone_carries_llama_cpp_and_no_bench_results(sdist):
     for left_out in ("build/", "bench/results/", ".ci/", "vendor/llama.cpp/models/", "vendor/llama.cpp.partial/"):
         assert not any(n.startswith(f"{top}/{left_out}") for n in names), left_out
     n_llama = sum(n.startswith(f"{top}/vendor/llama.cpp/") for n in names)
-    print(f"sdist {sdist.name}: {sdist.stat().st_size / 1e6:.1f} MB, {len(names)} entries, {n_llama} under vendor/llama.cpp")
+    print(f"sdist {sdist.name}: {sdist.stat().st_size / 1e6:.1f} MB, {len(names)} entries, "
+          f"{n_llama} under vendor/llama.cpp")
 
 
 def test_sdist_build_that_cannot_fetch_llama_cpp_stops_with_a_message(tmp_path):
     clone = fresh_clone(tmp_path / "clone")
-    proc = subprocess.run([sys.executable, "-m", "build", "--sdist", "--no-isolation", "-o", tmp_path / "dist", clone],
-                          capture_output=True, text=True, env=offline_env(tmp_path))
+    proc = subprocess.run([*no_network(), sys.executable, "-m", "build", "--sdist", "--no-isolation",
+                           "-o", tmp_path / "dist", clone], capture_output=True, text=True, env=offline_env(tmp_path))
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0, out
     assert "the pinned llama.cpp is needed in vendor/llama.cpp/" in out, out
