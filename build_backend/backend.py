@@ -26,7 +26,12 @@ LLAMA_MARKER = ROOT / "vendor" / "llama.cpp" / "FASTPAR_VENDORED"
 
 
 def _vendored() -> bool:
-    return LLAMA_CMAKELISTS.is_file() and LLAMA_MARKER.is_file()
+    """Whether vendor/llama.cpp/ already holds the pin scripts/vendor_llama.py asks for."""
+    spec = importlib.util.spec_from_file_location("_fastpar_vendor_llama", VENDOR_SCRIPT)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)  # constants and functions only; main() is not run
+    return (LLAMA_CMAKELISTS.is_file() and LLAMA_MARKER.is_file()
+            and LLAMA_MARKER.read_text() == script.MARKER_TEXT)
 
 
 def _extra_requires() -> list[str]:
