@@ -5,8 +5,8 @@ against it the way their READMEs say and give the same tokens as Python.
 
 The sdist is built from a fresh ``git clone`` of this checkout, so it sees the committed
 state only (commit before running this). Building it fills vendor/llama.cpp/ the way a
-user's build does: the pinned llama_cpp_python sdist is downloaded with pip once into
-fastpar's cache ($FASTPAR_CACHE or ~/.cache/fastpar) and verified. Marked ``packaging``:
+user's first build does: with an empty fastpar cache, the pinned llama_cpp_python sdist
+is downloaded with pip (pip's own HTTP cache may answer) and verified. Marked ``packaging``:
 it builds fastpar from scratch (minutes); skip it locally with ``-m "not packaging"``.
 """
 
@@ -75,10 +75,14 @@ def no_network() -> list:
 
 @pytest.fixture(scope="session")
 def sdist(tmp_path_factory):
-    """The sdist `python -m build --sdist` makes in a fresh clone (isolated, as a user runs it)."""
+    """The sdist `python -m build --sdist` makes in a fresh clone (isolated, as a user runs it),
+    with an empty fastpar cache, so that the build downloads the pinned llama.cpp source."""
     tmp = tmp_path_factory.mktemp("sdist")
     clone = fresh_clone(tmp / "clone")
-    run([sys.executable, "-m", "build", "--sdist", "-o", tmp / "dist", clone])
+    env = {k: v for k, v in os.environ.items() if k != "FASTPAR_LLAMA_SDIST"}
+    env["FASTPAR_CACHE"] = str(tmp / "cache")
+    build = run([sys.executable, "-m", "build", "--sdist", "-o", tmp / "dist", clone], env=env)
+    assert "fastpar: downloading llama_cpp_python-" in build.stdout + build.stderr
     (path,) = (tmp / "dist").glob("fastpar-*.tar.gz")
     return path
 

@@ -28,6 +28,10 @@ __all__ = ["cache_dir", "sha256_of", "fetch_pinned"]
 # Variables a pip build-isolation environment sets to hide the user's site-packages
 # (and so pip itself); a nested pip must run without them.
 _ISOLATION_VARS = ("PYTHONPATH", "PYTHONNOUSERSITE", "PYTHONHOME", "PIP_BUILD_TRACKER")
+# Variables a build frontend sets for the build backend it runs (fastpar's own, when this
+# runs inside a build). pip's hook runner for the pinned sdist would inherit the backend
+# path and look for that sdist's backend in fastpar's source tree.
+_HOOK_VAR_PREFIXES = ("_PYPROJECT_HOOKS_", "PEP517_")
 
 
 def cache_dir() -> pathlib.Path:
@@ -136,7 +140,8 @@ def fetch_pinned(requirement: str, filename: str, sha256: str, *, sdist: bool = 
         if sdist:
             name = requirement.split("==")[0]
             cmd[4:4] = ["--no-binary", name]
-        env = {k: v for k, v in os.environ.items() if k not in _ISOLATION_VARS}
+        env = {k: v for k, v in os.environ.items()
+               if k not in _ISOLATION_VARS and not k.startswith(_HOOK_VAR_PREFIXES)}
         env["TMPDIR"] = str(pip_tmp)  # where pip writes the file while downloading: _Progress watches it
         with _Progress(pip_tmp, filename, size):
             proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
