@@ -23,6 +23,7 @@ MARKER = DEST / "FASTPAR_VENDORED"
 SDIST_REQUIREMENT = "llama_cpp_python==0.3.36"
 SDIST_NAME = "llama_cpp_python-0.3.36.tar.gz"
 SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
+SDIST_SIZE = 76_589_250  # bytes, for the download's progress message
 SUBTREE = "llama_cpp_python-0.3.36/vendor/llama.cpp/"
 LLAMA_COMMIT = "0c1e57098"
 MARKER_TEXT = f"llama.cpp commit {LLAMA_COMMIT}\nfrom {SDIST_NAME} sha256 {SDIST_SHA256}\n"
@@ -41,10 +42,14 @@ def _sdist_path() -> pathlib.Path:
     local = os.environ.get("FASTPAR_LLAMA_SDIST")
     if local:
         path = pathlib.Path(local)
+        if not path.is_file():
+            sys.exit(f"vendor_llama: FASTPAR_LLAMA_SDIST={path} is not a file")
         if fetch.sha256_of(path) != SDIST_SHA256:
             sys.exit(f"vendor_llama: {path} does not have sha256 {SDIST_SHA256}")
         return path
-    return fetch.fetch_pinned(SDIST_REQUIREMENT, SDIST_NAME, SDIST_SHA256, sdist=True)
+    return fetch.fetch_pinned(SDIST_REQUIREMENT, SDIST_NAME, SDIST_SHA256, sdist=True,
+                              what="the pinned llama_cpp_python sdist, which carries llama.cpp's source",
+                              size=SDIST_SIZE)
 
 
 def main() -> int:

@@ -1,7 +1,14 @@
-"""Artefacts, not the source tree: the sdist carries the pinned llama.cpp, the wheel is
-repaired to a manylinux tag and works from a fresh virtual environment, and the C and R
-examples build against that installed wheel the way their READMEs say and give the same
-tokens as Python."""
+"""Artefacts, not the source tree: an sdist built from a fresh clone carries the pinned
+llama.cpp and builds a wheel with downloads made impossible; that wheel is repaired to a
+manylinux tag and works from a fresh virtual environment, and the C and R examples build
+against it the way their READMEs say and give the same tokens as Python.
+
+The sdist is built from a fresh ``git clone`` of this checkout, so it sees the committed
+state only (commit before running this). Building it fills vendor/llama.cpp/ the way a
+user's first build does: with an empty fastpar cache, the pinned llama_cpp_python sdist
+is downloaded with pip (pip's own HTTP cache may answer) and verified. Marked ``packaging``:
+it builds fastpar from scratch (minutes); skip it locally with ``-m "not packaging"``.
+"""
 
 from __future__ import annotations
 
@@ -18,9 +25,15 @@ import pytest
 
 import fastpar
 
+pytestmark = pytest.mark.packaging
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 PROMPTS = ["The capital of France is", "Water boils at"]
+# What an sdist must carry to build fastpar without fetching anything.
+SDIST_NEEDS = ("pyproject.toml", "LICENSE", "CMakeLists.txt", "build_backend/backend.py", "scripts/vendor_llama.py",
+               "csrc/capi/fastpar.h", "vendor/llama.cpp/CMakeLists.txt", "vendor/llama.cpp/include/llama.h",
+               "vendor/llama.cpp/FASTPAR_VENDORED", "vendor/llama.cpp/ggml/src/ggml.c")
 
 
 def run(cmd, **kwargs) -> subprocess.CompletedProcess:
@@ -30,16 +43,66 @@ def run(cmd, **kwargs) -> subprocess.CompletedProcess:
     return proc
 
 
+def fresh_clone(dest: pathlib.Path) -> pathlib.Path:
+    """A `git clone` of this checkout's HEAD at dest, with vendor/llama.cpp/ absent (git-ignored)."""
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("needs git and a git checkout: the sdist is built from a fresh clone")
+    run(["git", "clone", "--quiet", ROOT, dest])
+    assert not (dest / "vendor" / "llama.cpp").exists()
+    return dest
+
+
+def offline_env(tmp: pathlib.Path) -> dict:
+    """The environment of a build that cannot download: no package index, proxies that refuse
+    every connection, an empty fastpar cache and a llama.cpp sdist that does not exist."""
+    env = dict(os.environ, PIP_NO_INDEX="1", PIP_DISABLE_PIP_VERSION_CHECK="1",
+               FASTPAR_CACHE=str(tmp / "empty-cache"), FASTPAR_LLAMA_SDIST=str(tmp / "missing.tar.gz"))
+    for var in ("http_proxy", "https_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
+        env[var] = "http://127.0.0.1:9"
+    for var in ("no_proxy", "NO_PROXY"):
+        env.pop(var, None)
+    return env
+
+
+def no_network() -> list:
+    """A command prefix that runs its command without any network (a new, empty network
+    namespace) where the system allows it; offline_env() stands alone otherwise."""
+    probe = ["unshare", "--map-root-user", "--net", "true"]
+    if shutil.which("unshare") and subprocess.run(probe, capture_output=True).returncode == 0:
+        return probe[:-1]
+    return []
+
+
 @pytest.fixture(scope="session")
-def wheel_env(tmp_path_factory):
-    """The wheel, built from this checkout, repaired by auditwheel and installed into a
-    fresh virtual environment without build tools. Built once per session."""
+def sdist(tmp_path_factory):
+    """The sdist `python -m build --sdist` makes in a fresh clone (isolated, as a user runs it),
+    with an empty fastpar cache, so that the build downloads the pinned llama.cpp source."""
+    tmp = tmp_path_factory.mktemp("sdist")
+    clone = fresh_clone(tmp / "clone")
+    env = {k: v for k, v in os.environ.items() if k != "FASTPAR_LLAMA_SDIST"}
+    env["FASTPAR_CACHE"] = str(tmp / "cache")
+    build = run([sys.executable, "-m", "build", "--sdist", "-o", tmp / "dist", clone], env=env)
+    assert "fastpar: downloading llama_cpp_python-" in build.stdout + build.stderr
+    (path,) = (tmp / "dist").glob("fastpar-*.tar.gz")
+    return path
+
+
+@pytest.fixture(scope="session")
+def wheel_env(sdist, tmp_path_factory):
+    """The wheel built from the sdist with downloads made impossible, repaired by auditwheel
+    and installed into a fresh virtual environment without build tools. Built once per session."""
     if not sys.platform.startswith("linux"):
         pytest.skip("the manylinux repair (auditwheel) is Linux-only")
     tmp = tmp_path_factory.mktemp("wheel")
-    # The same build directory as `pip install .` (pyproject.toml: build/{wheel_tag}), so
-    # after the README's install this only packages what is already built.
-    run([sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-w", tmp / "dist", ROOT])
+    with tarfile.open(sdist) as tar:
+        kwargs = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+        tar.extractall(tmp / "src", **kwargs)
+    (src,) = (tmp / "src").iterdir()
+    build = run([*no_network(), sys.executable, "-m", "pip", "wheel", "-v", "--no-build-isolation", "--no-deps",
+                 "--no-index", "-w", tmp / "dist", src], env=offline_env(tmp))
+    # The build backend and CMake both found llama.cpp in place; neither tried to fetch it.
+    assert "vendor_llama: vendor/llama.cpp already holds commit" in build.stdout + build.stderr
+    assert "fetching the pinned source" not in build.stdout + build.stderr
     (built,) = (tmp / "dist").glob("fastpar-*.whl")
     # The native build's CPU code may use the build machine's instruction-set extensions;
     # the distributed wheel is built with FASTPAR_PORTABLE (README, "Install").
@@ -60,27 +123,30 @@ def wheel_env(tmp_path_factory):
     return types.SimpleNamespace(python=python, wheel=wheel, tmp=tmp, **info)
 
 
-def test_sdist_carries_llama_cpp_and_configures_without_download(tmp_path):
-    run([sys.executable, "-m", "build", "--sdist", "--no-isolation", "-o", tmp_path, ROOT])
-    (sdist,) = tmp_path.glob("fastpar-*.tar.gz")
+def test_sdist_from_a_fresh_clone_carries_llama_cpp_and_no_bench_results(sdist):
     with tarfile.open(sdist) as tar:
         names = tar.getnames()
         top = names[0].split("/")[0]
-        for need in ("pyproject.toml", "CMakeLists.txt", "csrc/capi/fastpar.h", "vendor/llama.cpp/CMakeLists.txt",
-                     "vendor/llama.cpp/include/llama.h", "vendor/llama.cpp/FASTPAR_VENDORED",
-                     "vendor/llama.cpp/ggml/src/ggml.c"):
+        for need in SDIST_NEEDS:
             assert f"{top}/{need}" in names, need
-        assert not any(n.startswith(f"{top}/build/") for n in names)
-        assert not any(n.startswith(f"{top}/vendor/llama.cpp/models/") for n in names)
-        kwargs = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
-        tar.extractall(tmp_path / "src", **kwargs)
-    # Configuring the unpacked sdist finds llama.cpp there: with the download pointed at a
-    # file that does not exist, a fetch would fail the configure.
-    env = dict(os.environ, FASTPAR_LLAMA_SDIST=str(tmp_path / "missing.tar.gz"))
-    conf = run(["cmake", "-S", tmp_path / "src" / top, "-B", tmp_path / "build", "-DFASTPAR_BUILD_PYTHON=OFF"],
-               env=env)
-    assert "fetching the pinned source" not in conf.stdout
-    print(f"sdist {sdist.name}: {sdist.stat().st_size / 1e6:.1f} MB")
+        marker = tar.extractfile(f"{top}/vendor/llama.cpp/FASTPAR_VENDORED").read().decode()
+    assert marker.startswith("llama.cpp commit "), marker
+    for left_out in ("build/", "bench/results/", ".ci/", "vendor/llama.cpp/models/", "vendor/llama.cpp.partial/"):
+        assert not any(n.startswith(f"{top}/{left_out}") for n in names), left_out
+    n_llama = sum(n.startswith(f"{top}/vendor/llama.cpp/") for n in names)
+    print(f"sdist {sdist.name}: {sdist.stat().st_size / 1e6:.1f} MB, {len(names)} entries, "
+          f"{n_llama} under vendor/llama.cpp")
+
+
+def test_sdist_build_that_cannot_fetch_llama_cpp_stops_with_a_message(tmp_path):
+    clone = fresh_clone(tmp_path / "clone")
+    proc = subprocess.run([*no_network(), sys.executable, "-m", "build", "--sdist", "--no-isolation",
+                           "-o", tmp_path / "dist", clone], capture_output=True, text=True, env=offline_env(tmp_path))
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out
+    assert "the pinned llama.cpp is needed in vendor/llama.cpp/" in out, out
+    assert "FASTPAR_LLAMA_SDIST" in out, out
+    assert not list((tmp_path / "dist").glob("*.tar.gz"))
 
 
 def test_wheel_runs_the_demo_outside_the_source_tree(wheel_env, model):

