@@ -5,6 +5,7 @@
 
 #include "core/engine.hpp"
 #include "python/module.hpp"
+#include "python/records.hpp"
 
 namespace py = pybind11;
 
@@ -16,7 +17,7 @@ double timeout_arg(const std::optional<double> & timeout) { return timeout ? std
 }  // namespace
 
 void register_engine(py::module_ & m) {
-    py::class_<EngineStats>(m, "EngineStats", "A snapshot of an Engine's counters.")
+    auto engine_stats = py::class_<EngineStats>(m, "EngineStats", "A snapshot of an Engine's counters.")
         .def_readonly("n_active", &EngineStats::n_active)
         .def_readonly("n_queued", &EngineStats::n_queued)
         .def_readonly("n_submitted", &EngineStats::n_submitted)
@@ -31,6 +32,11 @@ void register_engine(py::module_ & m) {
         .def_readonly("uptime_s", &EngineStats::uptime_s)
         .def_readonly("busy_s", &EngineStats::busy_s)
         .def_property_readonly("gen_tokens_per_s", &EngineStats::gen_tokens_per_s);
+    const std::vector<const char *> engine_stats_fields = {
+        "n_active", "n_queued", "n_submitted", "n_completed", "n_failed", "n_cancelled", "n_prompt_tokens",
+        "n_prompt_tokens_shared", "n_gen_tokens", "n_decode_calls", "n_padding_tokens", "uptime_s", "busy_s",
+        "gen_tokens_per_s"};
+    def_record(engine_stats, "EngineStats", engine_stats_fields, engine_stats_fields);
 
     py::class_<RequestHandle, std::shared_ptr<RequestHandle>>(m, "RequestHandle", "One request of an Engine.")
         .def_property_readonly("id", &RequestHandle::id)
