@@ -67,11 +67,13 @@ void register_engine(py::module_ & m) {
              py::arg("model"), py::arg("params"), py::arg("max_queued"))
         // Everything that takes the engine's or a request's lock lets the GIL go first: the
         // engine's thread may need the GIL (a listener) while it holds one of those locks.
-        .def("submit", [](Engine & e, const PromptIn & prompt, const GenerateParams & params) {
+        // timeout: 0 = refuse at once when there is no room, None = wait for ever.
+        .def("submit", [](Engine & e, const PromptIn & prompt, const GenerateParams & params,
+                          std::optional<double> timeout) {
                  Prompt p = to_prompt(prompt);
                  py::gil_scoped_release nogil;
-                 return e.submit(std::move(p), params);
-             }, py::arg("prompt"), py::arg("params"))
+                 return e.submit(std::move(p), params, timeout_arg(timeout));
+             }, py::arg("prompt"), py::arg("params"), py::arg("timeout") = 0.0)
         .def("close", &Engine::close, py::call_guard<py::gil_scoped_release>())
         .def_property_readonly("closed", [](const Engine & e) {
                  py::gil_scoped_release nogil;
