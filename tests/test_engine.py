@@ -288,7 +288,7 @@ POLL_WHILE_LISTENING = """
 import sys, fastpar
 model = fastpar.Model(sys.argv[1])
 calls = []
-with fastpar.Engine(model, n_parallel=4, n_ctx_per_seq=64, n_threads=2) as engine:
+with fastpar.Engine(model, n_parallel=4, n_ctx_per_seq=64, n_threads=1) as engine:
     for _ in range(60):
         requests = [engine.submit("Hello there", max_tokens=3, temperature=0.0) for _ in range(4)]
         for r in requests:
@@ -304,9 +304,10 @@ def test_polling_a_request_while_its_listener_fires_does_not_deadlock():
     # it while holding the request's lock, and a Python thread polling done() holds the
     # GIL while it waits for that lock: both waited for ever (seen in an asyncio test).
     # In a child process, so that a deadlock fails the test instead of hanging the run.
-    # Two decoding threads: the check is about locks, not speed. With one decoding thread
-    # a core (the default) the polling thread spins on a core the decoding threads wait
-    # for: on a 16-core machine 10 rounds took 20.3 s with 16 threads, 1.6 s with 2.
+    # One decoding thread: the check is about locks, not speed. llama.cpp's decoding
+    # threads spin at barriers waiting for each other, so with two or more of them a busy
+    # core (this test's polling thread, or any other load on the machine) makes every
+    # step wait for a thread that is not running, and the run crawls without a deadlock.
     import subprocess
     import sys
 
