@@ -100,7 +100,7 @@ class Context:
     ``n_parallel x n_ctx_per_seq`` positions. ``n_batch`` caps the tokens of one decode call;
     longer prompts are fed in chunks. Its default is the larger of ``n_parallel`` and 512,
     or 2048 when any layer runs on a GPU, where fewer, larger prompt batches were measured
-    faster (bench/README.md); llama.cpp's physical batch is ``n_batch`` up to that size.
+    faster (docs/performance.md); llama.cpp's physical batch is ``n_batch`` up to that size.
     ``n_threads=None`` uses one thread per hardware thread. Calls on one context from
     several threads take turns; separate contexts of one model run in parallel.
     ``device_sampling``: ``True`` cuts every row of logits down to its best candidates
@@ -109,8 +109,8 @@ class Context:
     whole row gives, for greedy and top-k (up to 64) chains without penalties; prompts
     with ``logprobs``, penalties or other top-k get whole rows. ``False`` copies whole rows
     back and samples on the host, many sequences at once. ``None`` (default) is auto:
-    ``True`` with the output layer on a GPU and at least 8 slots (faster there on an H100,
-    bench/README.md), else ``False``.
+    ``True`` with the output layer on a GPU and at least 8 slots (measured faster there,
+    docs/performance.md), else ``False``.
     ``share_prefixes`` (default ``True``): prompts that begin with the same 16 tokens or
     more decode that common prefix once; the other slots copy it from the first one's KV
     cache (``n_prompt_tokens_shared`` in the completions and statistics counts them).
