@@ -214,7 +214,18 @@ void Engine::run() {
         std::deque<Request> leftover;
         std::deque<std::function<void()>> tasks;
         {
-            std::lock_guard<std::mutex> lock(mutex_);
+            std::unique_lock<std::mutex> lock(mutex_);
+            if (failure_.empty()) {  // the scheduler could not even be set up
+                lock.unlock();
+                try {
+                    throw;
+                } catch (const std::exception & e) {
+                    fail(e.what());
+                } catch (...) {
+                    fail("unknown exception");
+                }
+                lock.lock();
+            }
             leftover.swap(incoming_);
             tasks.swap(tasks_);
         }
