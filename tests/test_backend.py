@@ -16,10 +16,20 @@ from conftest import ON_GPU, PROMPTS, assert_clean
 
 
 def test_backend_is_reported_in_the_stats(model):
-    assert fastpar.backend() in ("cpu", "cuda", "metal")
     ctx = fastpar.Context(model, n_parallel=2, n_ctx_per_seq=128)
     fastpar.generate_parallel(ctx, PROMPTS[:2], max_tokens=4, temperature=0.0)
-    assert ctx.last_stats.backend == fastpar.backend()
+    reported = ctx.last_stats.backend
+    assert reported in ("cpu", "cuda", "metal") and reported == fastpar.backend()
+    assert ctx.last_stats.to_dict()["backend"] == reported
+    # The name must match what the build can do: only a GPU build takes GPU layers.
+    if reported == "cpu":
+        with pytest.raises(ValueError, match="without a GPU backend"):
+            fastpar.Model(model.path, n_gpu_layers=1)
+    else:
+        on_gpu = fastpar.Model(model.path, n_gpu_layers=1)
+        gpu_ctx = fastpar.Context(on_gpu, n_parallel=1, n_ctx_per_seq=64)
+        assert fastpar.generate_parallel(gpu_ctx, PROMPTS[:1], max_tokens=2)[0].n_gen_tokens == 2
+        assert gpu_ctx.last_stats.backend == reported
 
 
 def test_n_parallel_above_llama_cpp_limit_is_a_clear_error(model):

@@ -131,6 +131,87 @@ def test_queue_full_is_an_error_not_a_hang(model):
             r.cancel()
 
 
+def test_max_queued_must_leave_room_to_wait(model):
+    with pytest.raises(ValueError, match="max_queued must be >= 1"):
+        fastpar.Engine(model, n_parallel=2, n_ctx_per_seq=64, max_queued=0)
+
+
+def test_a_burst_takes_the_free_slots_before_the_queue(model):
+    # All submitted at once, before the worker moved any into a slot: those that will find
+    # a free slot are not counted as waiting.
+    long = dict(max_tokens=200, ignore_eos=True, **GREEDY)
+    with fastpar.Engine(model, n_parallel=4, n_ctx_per_seq=256, max_queued=2) as e:
+        requests = [e.submit("Once upon a time", **long) for _ in range(6)]
+        with pytest.raises(fastpar.QueueFull, match="max_queued=2"):
+            e.submit("x", max_tokens=1)
+        for r in requests:
+            r.cancel()
+        assert all(r.result(timeout=60).finish_reason == "cancelled" for r in requests)
+        assert e.generate("x", max_tokens=1).n_gen_tokens == 1  # room again
+
+
+def test_blocking_submit_waits_for_room(model):
+    long = dict(max_tokens=200, ignore_eos=True, **GREEDY)
+    with fastpar.Engine(model, n_parallel=1, n_ctx_per_seq=256, max_queued=1) as e:
+        running, waiting = e.submit("Once upon a time", **long), e.submit("Once upon a time", **long)
+        t0 = time.perf_counter()
+        with pytest.raises(fastpar.QueueFull, match="none freed up in time"):
+            e.submit("x", max_tokens=1, block=True, timeout=0.3)
+        assert time.perf_counter() - t0 >= 0.3
+        with pytest.raises(fastpar.QueueFull):
+            e.submit("x", max_tokens=1, timeout=30)  # timeout counts only with block=True
+        timer = threading.Timer(0.3, running.cancel)
+        timer.start()
+        t0 = time.perf_counter()
+        third = e.submit("x", max_tokens=1, block=True, timeout=60)
+        assert 0.25 <= time.perf_counter() - t0 < 30
+        assert running.result(timeout=60).finish_reason == "cancelled"
+        waiting.cancel()
+        assert third.result(timeout=60).finish_reason in ("stop", "length")
+        with pytest.raises(ValueError, match="timeout"):
+            e.submit("x", block=True, timeout=-1)
+
+
+def test_blocking_submit_ends_when_the_engine_closes(model):
+    long = dict(max_tokens=200, ignore_eos=True, **GREEDY)
+    e = fastpar.Engine(model, n_parallel=1, n_ctx_per_seq=256, max_queued=1)
+    requests = [e.submit("Once upon a time", **long) for _ in range(2)]
+    threading.Timer(0.3, e.close).start()
+    with pytest.raises(fastpar.EngineClosed, match="the engine is closed"):
+        e.submit("x", max_tokens=1, block=True)  # no timeout: would wait for ever
+    assert [r.result(timeout=60).finish_reason for r in requests] == ["cancelled"] * 2
+
+
+def test_a_failing_worker_ends_every_request_with_its_error(model):
+    # A step that throws (an error inside llama.cpp) stops the worker: nothing may hang,
+    # running and queued requests end with "error" and the message, later submits say why.
+    from fastpar import _testing
+
+    long = dict(max_tokens=400, ignore_eos=True, **GREEDY)
+    e = fastpar.Engine(model, n_parallel=2, n_ctx_per_seq=512, max_queued=8)
+    cancelled = e.submit("Once upon a time", **long)
+    cancelled.cancel()
+    assert cancelled.result(timeout=60).finish_reason == "cancelled"
+    requests = [e.submit(p, **long) for p in MIXED[:6]]
+    streamed = iter(requests[0])
+    next(streamed)  # the first two are running now, the others wait
+    _testing.fail_engine_worker(e._engine, "llama.cpp failed: out of device memory")
+    for r in requests:
+        c = r.result(timeout=60)
+        assert c.finish_reason == "error" and c.error == "llama.cpp failed: out of device memory", c
+    assert requests[0].result().n_gen_tokens > 0  # it ran; the text so far is kept
+    assert all(isinstance(piece, str) for piece in streamed)  # the stream ends, too
+    assert e.closed
+    with pytest.raises(fastpar.EngineClosed, match="stopped after a failure: llama.cpp failed: out of device memory"):
+        e.submit("hello")
+    s = e.stats()
+    assert s.n_failed == 6 and s.n_cancelled == 1 and s.n_active == 0 and s.n_queued == 0
+    assert e.kv_seq_pos_max() == [-1, -1]  # answered, not hung
+    e.close()
+    with pytest.raises(fastpar.EngineClosed, match="stopped after a failure"):
+        e.submit("hello")
+
+
 def test_failing_request_fails_alone(engine):
     bad = engine.submit("word " * 600, max_tokens=8)
     good = engine.submit("The capital of France is", max_tokens=8, **GREEDY)
@@ -207,7 +288,7 @@ POLL_WHILE_LISTENING = """
 import sys, fastpar
 model = fastpar.Model(sys.argv[1])
 calls = []
-with fastpar.Engine(model, n_parallel=4, n_ctx_per_seq=64, n_threads=2) as engine:
+with fastpar.Engine(model, n_parallel=4, n_ctx_per_seq=64, n_threads=1) as engine:
     for _ in range(60):
         requests = [engine.submit("Hello there", max_tokens=3, temperature=0.0) for _ in range(4)]
         for r in requests:
@@ -223,9 +304,10 @@ def test_polling_a_request_while_its_listener_fires_does_not_deadlock():
     # it while holding the request's lock, and a Python thread polling done() holds the
     # GIL while it waits for that lock: both waited for ever (seen in an asyncio test).
     # In a child process, so that a deadlock fails the test instead of hanging the run.
-    # Two decoding threads: the check is about locks, not speed. With one decoding thread
-    # a core (the default) the polling thread spins on a core the decoding threads wait
-    # for: on a 16-core machine 10 rounds took 20.3 s with 16 threads, 1.6 s with 2.
+    # One decoding thread: the check is about locks, not speed. llama.cpp's decoding
+    # threads spin at barriers waiting for each other, so with two or more of them a busy
+    # core (this test's polling thread, or any other load on the machine) makes every
+    # step wait for a thread that is not running, and the run crawls without a deadlock.
     import subprocess
     import sys
 

@@ -117,3 +117,59 @@ def test_gpu_layers_in_cpu_build_say_so(model):
         pytest.skip("only a CPU build refuses GPU layers")
     with pytest.raises(ValueError, match="without a GPU backend"):
         fastpar.Model(model.path, n_gpu_layers=10)
+
+
+@pytest.mark.parametrize("call", ["generate_parallel", "Engine.submit", "Engine.generate"])
+def test_misspelled_option_names_the_call_and_the_close_match(model, call):
+    ctx = fastpar.Context(model, n_parallel=1, n_ctx_per_seq=64)
+    with fastpar.Engine(model, n_parallel=1, n_ctx_per_seq=64) as engine:
+        run = {"generate_parallel": lambda **kw: fastpar.generate_parallel(ctx, ["hi"], **kw),
+               "Engine.submit": lambda **kw: engine.submit("hi", **kw),
+               "Engine.generate": lambda **kw: engine.generate("hi", **kw)}[call]
+        with pytest.raises(TypeError) as info:
+            run(max_new_tokens=3)
+        assert str(info.value) == (f"{call}() got an unexpected keyword argument 'max_new_tokens'; "
+                                   "did you mean 'max_tokens'?")
+        with pytest.raises(TypeError, match=r"'no_such_option'; the options are max_tokens, temperature"):
+            run(no_such_option=1)
+        assert engine.stats().n_submitted == 0
+    assert ctx.last_stats.n_prompts == 0  # nothing ran
+
+
+def test_options_show_in_the_signatures():
+    import inspect
+
+    for func in (fastpar.generate_parallel, fastpar.Engine.submit, fastpar.Engine.generate,
+                 fastpar.Engine.agenerate, fastpar.Engine.astream):
+        params = inspect.signature(func).parameters
+        assert params["max_tokens"].default == 256 and params["temperature"].default == 0.8, func
+        assert params["seed"].default is None and params["logprobs"].kind is inspect.Parameter.KEYWORD_ONLY
+        assert not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()), func
+
+
+@pytest.mark.parametrize("prompts, where", [
+    (["fine", "bad \udc80 byte"], r"prompts\[1\]"),
+    (["fine", [{"role": "user", "content": "x\ud83d"}]], r"prompts\[1\]\[0\]\['content'\]"),
+])
+def test_lone_surrogate_is_a_value_error_naming_the_prompt(model, prompts, where):
+    ctx = fastpar.Context(model, n_parallel=2, n_ctx_per_seq=64)
+    with pytest.raises(ValueError, match=where + " is not valid text: it holds a lone surrogate"):
+        fastpar.generate_parallel(ctx, prompts, max_tokens=2)
+    with fastpar.Engine(model, n_parallel=1, n_ctx_per_seq=64) as engine:
+        with pytest.raises(ValueError, match="prompt is not valid text"):
+            engine.submit("a \ud800 b")
+    assert ctx.last_stats.n_prompts == 0
+
+
+def test_any_sequence_of_str_is_accepted(model):
+    import numpy as np  # installed with gguf, a test requirement
+    ctx = fastpar.Context(model, n_parallel=2, n_ctx_per_seq=64)
+    prompts = ["The capital of France is", "Water boils at"]
+    want = [c.token_ids for c in fastpar.generate_parallel(ctx, prompts, max_tokens=4, **GREEDY)]
+    for seq in (tuple(prompts), np.array(prompts), np.array(prompts, dtype=object)):
+        got = fastpar.generate_parallel(ctx, seq, max_tokens=4, **GREEDY)
+        assert [c.token_ids for c in got] == want, type(seq)
+    with pytest.raises(TypeError, match="prompts must be a sequence of str"):
+        fastpar.generate_parallel(ctx, np.array([prompts, prompts]))  # 2-D
+    with pytest.raises(TypeError, match="prompts must be a sequence of str"):
+        fastpar.generate_parallel(ctx, "one string")

@@ -89,13 +89,20 @@ def test_stats_equal_sums_over_completions(model):
 
 
 def test_unicode_output_is_valid_text(model):
+    # Multi-byte characters span several tokens: a text cut inside one would hold U+FFFD
+    # there. Only a character that max_tokens cut off at the very end may show as U+FFFD.
     ctx = fastpar.Context(model, n_parallel=3, n_ctx_per_seq=256)
     prompts = ["日本の首都は", "Emoji party: 🎉🎊", "Ünïcödé façade naïve"]
     results = fastpar.generate_parallel(ctx, prompts, max_tokens=24, ignore_eos=True, **GREEDY)
     for c in results:
-        assert isinstance(c.text, str)
-        c.text.encode("utf-8")  # a str made from valid UTF-8; never raises
         assert c.n_gen_tokens == 24
+        assert "\ufffd" not in c.text.rstrip("\ufffd"), c.text
+    assert any(not c.text.isascii() for c in results)  # multi-byte output was made and checked
+    # Streamed, each piece is whole characters too: the pieces add up to the same text.
+    with fastpar.Engine(model, n_parallel=1, n_ctx_per_seq=256) as engine:
+        r = engine.submit(prompts[0], max_tokens=24, ignore_eos=True, **GREEDY)
+        pieces = list(r)
+    assert "".join(pieces) == results[0].text
 
 
 def test_on_completion_called_once_per_prompt(model):
@@ -120,8 +127,36 @@ def test_on_completion_error_cancels_the_rest_and_propagates(model):
 
 
 def test_progress_bar_reports_prompts_and_speed(model, capsys):
+    import re
+
     ctx = fastpar.Context(model, n_parallel=4, n_ctx_per_seq=256)
     results = fastpar.generate_parallel(ctx, PROMPTS, max_tokens=8, progress=True, **GREEDY)
     err = capsys.readouterr().err
-    assert f"{len(PROMPTS)}/{len(PROMPTS)}" in err and "gen tok/s" in err
+    assert f"{len(PROMPTS)}/{len(PROMPTS)}" in err
+    rates = re.findall(r"([0-9.]+) gen tok/s", err)
+    assert rates, err
+    # The rate the bar ends with is the one the call's statistics give.
+    assert rates[-1] == f"{ctx.last_stats.gen_tokens_per_s:.1f}"
     assert len(results) == len(PROMPTS)
+
+
+def test_results_print_readably_and_convert_to_json(model):
+    import json
+
+    ctx = fastpar.Context(model, n_parallel=2, n_ctx_per_seq=256)
+    c, _ = fastpar.generate_parallel(ctx, PROMPTS[:2], max_tokens=4, logprobs=True, **GREEDY)
+    d = json.loads(json.dumps(c.to_dict()))
+    assert d["text"] == c.text and d["token_ids"] == c.token_ids and d["finish_reason"] == c.finish_reason
+    assert d["logprobs"] == pytest.approx(c.logprobs) and d["error"] is None
+    assert d["n_gen_tokens"] == 4 and d["t_total_ms"] == pytest.approx(c.t_total_ms)
+    assert repr(c).startswith("Completion(finish_reason='length', error=None, ") and repr(c.text[:60]) in repr(c)
+    s = ctx.last_stats
+    d = json.loads(json.dumps(s.to_dict()))
+    assert d["n_prompts"] == 2 and d["n_gen_tokens"] == s.n_gen_tokens == 8 and d["backend"] == fastpar.backend()
+    assert d["gen_tokens_per_s"] == pytest.approx(s.gen_tokens_per_s)
+    assert repr(s).startswith("Stats(n_prompts=2, n_failed=0, ") and f"n_gen_tokens={s.n_gen_tokens}" in repr(s)
+    with fastpar.Engine(model, n_parallel=1, n_ctx_per_seq=64) as engine:
+        engine.generate("Hi", max_tokens=2)
+        es = engine.stats()
+        d = json.loads(json.dumps(es.to_dict()))
+        assert d["n_submitted"] == 1 and d["n_gen_tokens"] == es.n_gen_tokens and "n_completed=1" in repr(es)

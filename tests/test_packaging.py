@@ -218,6 +218,12 @@ cat("BADCTX", e, "\\n")
 ctx <- fastpar_context(model, n_parallel = 2, n_ctx_per_seq = 64)
 r <- generate_parallel(ctx, c(strrep("word ", 200), "Hello"), max_tokens = 4, temperature = 0)
 cat("FAILED", r[[1]]$finish_reason, "|", r[[2]]$finish_reason, "\\n")
+e <- tryCatch(generate_parallel(ctx, list(1, 2)), error = function(e) conditionMessage(e))
+cat("NOTTEXT", e, "\\n")
+e <- tryCatch(generate_parallel(ctx, 42), error = function(e) conditionMessage(e))
+cat("NUMBER", e, "\\n")
+r <- generate_parallel(ctx, list("Hello", "Hi"), max_tokens = 2, temperature = 0)
+cat("LIST", length(r), "\\n")
 fastpar_free(ctx)
 e <- tryCatch(generate_parallel(ctx, "Hi"), error = function(e) conditionMessage(e))
 cat("FREED", e, "\\n")
@@ -226,4 +232,8 @@ cat("FREED", e, "\\n")
     assert "MISSING fastpar_model_load failed (status 2): model file not found" in out
     assert "BADCTX fastpar_context_new failed (status 1): n_parallel" in out
     assert "FAILED error | length" in out
+    # Like Python's TypeError: numbers are not prompts (never silently "1" and "2").
+    assert "NOTTEXT prompts must be a character vector (or a list of strings), got a list holding other" in out
+    assert "NUMBER prompts must be a character vector (or a list of strings), got a numeric vector" in out
+    assert "LIST 2 " in out
     assert "FREED this fastpar context has been freed" in out

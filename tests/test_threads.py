@@ -11,8 +11,9 @@ import pytest
 from conftest import GREEDY, PROMPTS, assert_as_solo, assert_clean
 
 
-def test_gil_released_other_thread_progresses(model):
-    ctx = fastpar.Context(model, n_parallel=4, n_ctx_per_seq=256)
+def _ticks_while(action):
+    """(ticks, seconds): how often a thread that sleeps 1 ms a turn got a turn while the
+    calling thread ran ``action``."""
     ticks = 0
     done = threading.Event()
 
@@ -22,28 +23,43 @@ def test_gil_released_other_thread_progresses(model):
             ticks += 1
             time.sleep(0.001)
 
-    # Baseline: ticks in the same wall time with the main thread merely sleeping.
     t = threading.Thread(target=spin)
     t.start()
     start = time.perf_counter()
-    while time.perf_counter() - start < 0.3:  # a GPU finishes one call in less
-        fastpar.generate_parallel(ctx, PROMPTS[:4], max_tokens=48, ignore_eos=True, **GREEDY)
+    action()
     elapsed = time.perf_counter() - start
     done.set()
     t.join()
-    # With the GIL held for the whole call the spinner would get (almost) no turns;
-    # a free GIL lets it tick about once per millisecond.
-    assert elapsed > 0.2
-    # (Held, it would get a turn only at the 50 ms signal polls: about 0.02 per ms.)
+    return ticks, elapsed
+
+
+def test_gil_released_other_thread_progresses(model):
+    ctx = fastpar.Context(model, n_parallel=4, n_ctx_per_seq=256)
+
+    def generate_for_a_while():
+        start = time.perf_counter()
+        while time.perf_counter() - start < 0.3:  # a GPU finishes one call in less
+            fastpar.generate_parallel(ctx, PROMPTS[:4], max_tokens=48, ignore_eos=True, **GREEDY)
+
+    # The measure can tell: one C call that holds the GIL throughout (sum over a range
+    # never lets it go) leaves the ticking thread (almost) no turns.
+    held, held_s = _ticks_while(lambda: sum(range(30_000_000)))
+    assert held < 0.1 * held_s * 1000, (held, held_s)
+    # A free GIL lets it tick about once per millisecond.
+    ticks, elapsed = _ticks_while(generate_for_a_while)
     assert ticks > 0.1 * elapsed * 1000, (ticks, elapsed)
 
 
 def _generate_in_two_threads(ctxs, solo):
-    """Thread i runs prompts 4i..4i+3 on ctxs[i]; each result must equal its solo run."""
+    """Thread i runs prompts 4i..4i+3 on ctxs[i] (2 slots, so they finish in two waves);
+    each result must equal its solo run. Returns when each thread's prompts finished."""
     out: dict = {}
+    finished: dict = {0: [], 1: []}
 
     def run(i):
-        out[i] = fastpar.generate_parallel(ctxs[i], PROMPTS[4 * i: 4 * i + 4], max_tokens=48, **GREEDY)
+        out[i] = fastpar.generate_parallel(ctxs[i], PROMPTS[4 * i: 4 * i + 4], max_tokens=48,
+                                           on_completion=lambda j, c: finished[i].append(time.perf_counter()),
+                                           **GREEDY)
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
     for t in threads:
@@ -53,16 +69,25 @@ def _generate_in_two_threads(ctxs, solo):
     for i in range(2):
         assert_as_solo(out[i], PROMPTS[4 * i: 4 * i + 4], solo)
         assert_clean(ctxs[i])
+    return finished
+
+
+def _interleaved(finished) -> bool:
+    """Whether one thread's prompts finished while the other's call was between two of its own."""
+    a, b = finished[0], finished[1]
+    return not (max(a) < min(b) or max(b) < min(a))
 
 
 def test_two_threads_on_one_context_take_turns(model, solo):
-    ctx = fastpar.Context(model, n_parallel=4, n_ctx_per_seq=256)
-    _generate_in_two_threads([ctx, ctx], solo)
+    ctx = fastpar.Context(model, n_parallel=2, n_ctx_per_seq=256)
+    finished = _generate_in_two_threads([ctx, ctx], solo)
+    assert not _interleaved(finished), finished  # one call ran whole, then the other
 
 
 def test_two_contexts_of_one_model_run_in_parallel(model, solo):
-    ctxs = [fastpar.Context(model, n_parallel=4, n_ctx_per_seq=256, n_threads=1) for _ in range(2)]
-    _generate_in_two_threads(ctxs, solo)
+    ctxs = [fastpar.Context(model, n_parallel=2, n_ctx_per_seq=256, n_threads=1) for _ in range(2)]
+    finished = _generate_in_two_threads(ctxs, solo)
+    assert _interleaved(finished), finished  # both calls were under way at once
 
 
 @pytest.mark.parametrize("n_workers", [0, 1, 3, 15])

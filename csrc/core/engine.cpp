@@ -7,7 +7,8 @@ namespace {
 
 template <typename Lock, typename Pred>
 bool wait_for(std::condition_variable & cv, Lock & lock, double timeout_s, Pred pred) {
-    if (timeout_s < 0) {
+    // Negative, infinite or absurdly long (past what a clock's time point can hold): for ever.
+    if (timeout_s < 0 || !(timeout_s < 1e9)) {
         cv.wait(lock, pred);
         return true;
     }
@@ -103,8 +104,9 @@ void RequestHandle::notify() {
 
 Engine::Engine(std::shared_ptr<const Model> model, const ContextParams & params, int32_t max_queued)
     : ctx_(std::make_unique<Context>(std::move(model), params)), max_queued_(max_queued) {
-    if (max_queued < 0) {
-        throw InvalidArgument("max_queued must be >= 0, got " + std::to_string(max_queued));
+    // With no place in the queue, a request could never wait for a slot.
+    if (max_queued < 1) {
+        throw InvalidArgument("max_queued must be >= 1, got " + std::to_string(max_queued));
     }
     worker_ = std::thread([this] { run(); });
 }
@@ -116,19 +118,33 @@ bool Engine::closed() const {
     return closing_;
 }
 
-std::shared_ptr<RequestHandle> Engine::submit(Prompt prompt, const GenerateParams & params) {
+bool Engine::has_room() const {
+    // Requests about to take a free slot are not queued: the queue is full only when the
+    // unfinished requests fill every slot and max_queued places besides.
+    return n_unfinished_ < static_cast<int64_t>(ctx_->params().n_parallel) + max_queued_;
+}
+
+std::shared_ptr<RequestHandle> Engine::submit(Prompt prompt, const GenerateParams & params, double timeout_s) {
     validate(params);
     if (prompt.is_chat && !ctx_->model()->has_chat_template()) {
         throw InvalidArgument("model '" + ctx_->model()->path() + "' has no chat template; pass prompts as plain strings");
     }
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (timeout_s != 0) {
+        wait_for(room_, lock, timeout_s, [this] { return closing_ || has_room(); });
+    }
+    if (!failure_.empty()) {
+        throw EngineClosed("the engine stopped after a failure: " + failure_ +
+                           "; create a new one to submit more requests");
+    }
     if (closing_) {
         throw EngineClosed("the engine is closed; create a new one to submit more requests");
     }
-    if (n_waiting_ >= max_queued_) {
+    if (!has_room()) {
         throw QueueFull("the engine's queue is full: " + std::to_string(n_waiting_) +
-                        " requests wait for a slot (max_queued=" + std::to_string(max_queued_) +
-                        "); retry later or raise max_queued");
+                        " requests wait for a slot (max_queued=" + std::to_string(max_queued_) + ")" +
+                        (timeout_s != 0 ? " and none freed up in time" : "") +
+                        "; retry later, submit with block=True, or raise max_queued");
     }
     auto handle = std::make_shared<RequestHandle>(next_id_++);
     Request request;
@@ -145,7 +161,7 @@ std::shared_ptr<RequestHandle> Engine::submit(Prompt prompt, const GenerateParam
         --n_waiting_;
     };
     request.on_done = [this, handle, started](Completion && c) {
-        account(c, *started);
+        account(c, *started, handle->cancel_->load());
         handle->complete(std::move(c));
     };
     request.t_submit = Clock::now();
@@ -157,9 +173,15 @@ std::shared_ptr<RequestHandle> Engine::submit(Prompt prompt, const GenerateParam
     return handle;
 }
 
-void Engine::account(const Completion & c, bool started) {
+void Engine::account(Completion & c, bool started, bool cancelled) {
     std::lock_guard<std::mutex> lock(mutex_);
+    if (!failure_.empty() && c.finish_reason == FinishReason::Cancelled && !cancelled) {
+        // Ended by the worker's failure, not by its caller: say so.
+        c.finish_reason = FinishReason::Error;
+        c.error = failure_;
+    }
     --n_unfinished_;
+    room_.notify_all();
     if (!started) {
         --n_waiting_;  // finished (cancelled, failed) before it got a slot
     }
@@ -178,43 +200,94 @@ void Engine::run() {
         StepPolicy policy = ctx_->step_policy();
         policy.max_decode_waits = kStreamingDecodeWaits;  // requests stream: keep running ones going
         ctx_->with_scheduler(loop_stats_, policy, [this](Scheduler & scheduler) {
-            for (;;) {
-                std::deque<std::function<void()>> tasks;
-                {
-                    std::unique_lock<std::mutex> lock(mutex_);
-                    cv_.wait(lock, [&] {
-                        return closing_ || !incoming_.empty() || !tasks_.empty() || !scheduler.idle();
-                    });
-                    if (closing_) {
-                        return;  // with_scheduler cancels what is left
-                    }
-                    while (!incoming_.empty()) {
-                        scheduler.enqueue(std::move(incoming_.front()));
-                        incoming_.pop_front();
-                    }
-                    tasks.swap(tasks_);
-                }
-                for (auto & task : tasks) {
-                    task();
-                }
-                if (scheduler.idle()) {
-                    continue;
-                }
-                const auto t0 = Clock::now();
-                scheduler.step();
-                const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
-                std::lock_guard<std::mutex> lock(mutex_);
-                totals_.busy_s += dt;
-                totals_.n_decode_calls = loop_stats_.n_decode_calls;
-                totals_.n_padding_tokens = loop_stats_.n_padding_tokens;
+            try {
+                loop(scheduler);
+            } catch (const std::exception & e) {
+                fail(e.what());  // before with_scheduler ends what it holds: as errors
+                throw;
+            } catch (...) {
+                fail("unknown exception");
+                throw;
             }
         });
     } catch (...) {
-        // Only a failure of llama.cpp itself gets here; with_scheduler has already ended
-        // every request it held. Refuse new work; close() ends the rest.
-        std::lock_guard<std::mutex> lock(mutex_);
-        closing_ = true;
+        // with_scheduler has ended every request it held. End those that never reached
+        // it too, and answer pending queries: nobody waits for a worker that is gone.
+        std::deque<Request> leftover;
+        std::deque<std::function<void()>> tasks;
+        {
+            std::unique_lock<std::mutex> lock(mutex_);
+            if (failure_.empty()) {  // the scheduler could not even be set up
+                lock.unlock();
+                try {
+                    throw;
+                } catch (const std::exception & e) {
+                    fail(e.what());
+                } catch (...) {
+                    fail("unknown exception");
+                }
+                lock.lock();
+            }
+            leftover.swap(incoming_);
+            tasks.swap(tasks_);
+        }
+        for (auto & request : leftover) {
+            Scheduler::complete_unstarted(request, FinishReason::Error, failure_);
+        }
+        for (auto & task : tasks) {
+            try {
+                task();
+            } catch (...) {
+            }
+        }
     }
+}
+
+void Engine::fail(const std::string & what) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    failure_ = what.empty() ? "unknown exception" : what;
+    closing_ = true;
+    room_.notify_all();
+}
+
+void Engine::loop(Scheduler & scheduler) {
+    for (;;) {
+        std::deque<std::function<void()>> tasks;
+        {
+            std::unique_lock<std::mutex> lock(mutex_);
+            cv_.wait(lock, [&] { return closing_ || !incoming_.empty() || !tasks_.empty() || !scheduler.idle(); });
+            if (closing_) {
+                return;  // with_scheduler cancels what is left
+            }
+            while (!incoming_.empty()) {
+                scheduler.enqueue(std::move(incoming_.front()));
+                incoming_.pop_front();
+            }
+            tasks.swap(tasks_);
+        }
+        for (auto & task : tasks) {
+            task();
+        }
+        if (scheduler.idle()) {
+            continue;
+        }
+        const auto t0 = Clock::now();
+        scheduler.step();
+        const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+        std::lock_guard<std::mutex> lock(mutex_);
+        totals_.busy_s += dt;
+        totals_.n_decode_calls = loop_stats_.n_decode_calls;
+        totals_.n_padding_tokens = loop_stats_.n_padding_tokens;
+    }
+}
+
+void Engine::post(std::function<void()> task) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (closing_) {
+        throw EngineClosed(failure_.empty() ? "the engine is closed" : "the engine stopped after a failure: " + failure_);
+    }
+    tasks_.push_back(std::move(task));
+    cv_.notify_all();
 }
 
 void Engine::close() {
@@ -222,6 +295,7 @@ void Engine::close() {
         std::lock_guard<std::mutex> lock(mutex_);
         closing_ = true;
     }
+    room_.notify_all();  // blocked submits: closed now
     ctx_->set_abort(true);  // a decode in flight returns now instead of at its end
     cv_.notify_all();
     {

@@ -27,12 +27,12 @@ struct Timeout : Error {
     using Error::Error;
 };
 
-// submit() on a closed engine.
+// submit() on an engine that was closed, or whose worker stopped after a failure.
 struct EngineClosed : Error {
     using Error::Error;
 };
 
-// submit() while max_queued requests already wait for a slot.
+// submit() while every slot is taken and max_queued requests already wait for one.
 struct QueueFull : Error {
     using Error::Error;
 };
@@ -93,14 +93,21 @@ private:
 
 class Engine {
 public:
-    // max_queued: requests that may wait for a slot; one more is rejected at submit.
+    // max_queued (>= 1): requests that may wait for a slot once every slot is taken; one
+    // more is rejected at submit.
     Engine(std::shared_ptr<const Model> model, const ContextParams & params, int32_t max_queued);
     ~Engine();  // close()
     Engine(const Engine &) = delete;
     Engine & operator=(const Engine &) = delete;
 
     // Callable from any thread. Throws InvalidArgument (bad params), EngineClosed, QueueFull.
-    std::shared_ptr<RequestHandle> submit(Prompt prompt, const GenerateParams & params);
+    // When there is no room, waits up to timeout_s seconds for some (< 0: for ever; 0:
+    // not at all) before QueueFull.
+    std::shared_ptr<RequestHandle> submit(Prompt prompt, const GenerateParams & params, double timeout_s = 0);
+    // Runs `task` on the worker between steps. A task that throws stops the engine as a
+    // failing step does: every request it holds ends with "error" and the exception's
+    // message, and later submits throw EngineClosed naming it.
+    void post(std::function<void()> task);
     // Ends queued and running requests as "cancelled" (aborting a running decode) and
     // joins the worker. Idempotent; later submits are rejected.
     void close();
@@ -112,15 +119,21 @@ public:
 
 private:
     void run();
-    void account(const Completion & c, bool started);
+    void loop(Scheduler & scheduler);
+    void fail(const std::string & what);
+    bool has_room() const;  // under mutex_
+    void account(Completion & c, bool started, bool cancelled);
 
     std::unique_ptr<Context> ctx_;
     const int32_t max_queued_;
     mutable std::mutex mutex_;
     std::condition_variable cv_;
+    std::condition_variable room_;  // a request finished, or the engine closed
     std::deque<Request> incoming_;
     std::deque<std::function<void()>> tasks_;  // run on the worker between steps
     bool closing_ = false;
+    // Set when the worker stopped on an exception: its message (never empty then).
+    std::string failure_;
     int64_t n_unfinished_ = 0;  // submitted, not yet finished
     int64_t n_waiting_ = 0;     // submitted, not yet in a slot
     uint64_t next_id_ = 1;

@@ -5,6 +5,7 @@
 
 #include "core/engine.hpp"
 #include "python/module.hpp"
+#include "python/records.hpp"
 
 namespace py = pybind11;
 
@@ -16,7 +17,7 @@ double timeout_arg(const std::optional<double> & timeout) { return timeout ? std
 }  // namespace
 
 void register_engine(py::module_ & m) {
-    py::class_<EngineStats>(m, "EngineStats", "A snapshot of an Engine's counters.")
+    auto engine_stats = py::class_<EngineStats>(m, "EngineStats", "A snapshot of an Engine's counters.")
         .def_readonly("n_active", &EngineStats::n_active)
         .def_readonly("n_queued", &EngineStats::n_queued)
         .def_readonly("n_submitted", &EngineStats::n_submitted)
@@ -31,6 +32,11 @@ void register_engine(py::module_ & m) {
         .def_readonly("uptime_s", &EngineStats::uptime_s)
         .def_readonly("busy_s", &EngineStats::busy_s)
         .def_property_readonly("gen_tokens_per_s", &EngineStats::gen_tokens_per_s);
+    const std::vector<const char *> engine_stats_fields = {
+        "n_active", "n_queued", "n_submitted", "n_completed", "n_failed", "n_cancelled", "n_prompt_tokens",
+        "n_prompt_tokens_shared", "n_gen_tokens", "n_decode_calls", "n_padding_tokens", "uptime_s", "busy_s",
+        "gen_tokens_per_s"};
+    def_record(engine_stats, "EngineStats", engine_stats_fields, engine_stats_fields);
 
     py::class_<RequestHandle, std::shared_ptr<RequestHandle>>(m, "RequestHandle", "One request of an Engine.")
         .def_property_readonly("id", &RequestHandle::id)
@@ -61,11 +67,13 @@ void register_engine(py::module_ & m) {
              py::arg("model"), py::arg("params"), py::arg("max_queued"))
         // Everything that takes the engine's or a request's lock lets the GIL go first: the
         // engine's thread may need the GIL (a listener) while it holds one of those locks.
-        .def("submit", [](Engine & e, const PromptIn & prompt, const GenerateParams & params) {
+        // timeout: 0 = refuse at once when there is no room, None = wait for ever.
+        .def("submit", [](Engine & e, const PromptIn & prompt, const GenerateParams & params,
+                          std::optional<double> timeout) {
                  Prompt p = to_prompt(prompt);
                  py::gil_scoped_release nogil;
-                 return e.submit(std::move(p), params);
-             }, py::arg("prompt"), py::arg("params"))
+                 return e.submit(std::move(p), params, timeout_arg(timeout));
+             }, py::arg("prompt"), py::arg("params"), py::arg("timeout") = 0.0)
         .def("close", &Engine::close, py::call_guard<py::gil_scoped_release>())
         .def_property_readonly("closed", [](const Engine & e) {
                  py::gil_scoped_release nogil;

@@ -7,6 +7,7 @@
 #include "core/context.hpp"
 #include "core/errors.hpp"
 #include "python/module.hpp"
+#include "python/records.hpp"
 
 namespace py = pybind11;
 
@@ -97,7 +98,7 @@ void register_generate(py::module_ & m) {
         .def_readwrite("ignore_eos", &GenerateParams::ignore_eos)
         .def_readwrite("logprobs", &GenerateParams::logprobs);
 
-    py::class_<Completion>(m, "Completion", "The answer to one prompt.")
+    auto completion = py::class_<Completion>(m, "Completion", "The answer to one prompt.")
         .def_readonly("text", &Completion::text)
         .def_readonly("token_ids", &Completion::token_ids)
         .def_readonly("logprobs", &Completion::logprobs)
@@ -110,16 +111,14 @@ void register_generate(py::module_ & m) {
         .def_readonly("n_gen_tokens", &Completion::n_gen_tokens)
         .def_readonly("t_queued_ms", &Completion::t_queued_ms)
         .def_readonly("t_first_token_ms", &Completion::t_first_token_ms)
-        .def_readonly("t_total_ms", &Completion::t_total_ms)
-        .def("__repr__", [](const Completion & c) {
-            std::string text = c.text.size() > 60 ? c.text.substr(0, 60) + "..." : c.text;
-            return "Completion(finish_reason=" + std::string(finish_reason_name(c.finish_reason)) +
-                   ", n_prompt_tokens=" + std::to_string(c.n_prompt_tokens) +
-                   ", n_gen_tokens=" + std::to_string(c.n_gen_tokens) + ", text=" +
-                   py::repr(py::str(text)).cast<std::string>() + ")";
-        });
+        .def_readonly("t_total_ms", &Completion::t_total_ms);
+    def_record(completion, "Completion",
+               {"finish_reason", "error", "n_prompt_tokens", "n_prompt_tokens_shared", "n_gen_tokens", "t_total_ms",
+                "text"},
+               {"text", "token_ids", "logprobs", "finish_reason", "error", "n_prompt_tokens", "n_prompt_tokens_shared",
+                "n_gen_tokens", "t_queued_ms", "t_first_token_ms", "t_total_ms"});
 
-    py::class_<Stats>(m, "Stats", "Statistics of one generate call.")
+    auto stats = py::class_<Stats>(m, "Stats", "Statistics of one generate call.")
         .def_readonly("n_prompts", &Stats::n_prompts)
         .def_readonly("n_failed", &Stats::n_failed)
         .def_readonly("n_prompt_tokens", &Stats::n_prompt_tokens)
@@ -137,6 +136,11 @@ void register_generate(py::module_ & m) {
         .def_property_readonly("prompt_tokens_per_s", &Stats::prompt_tokens_per_s)
         .def_property_readonly("gen_tokens_per_s", &Stats::gen_tokens_per_s)
         .def_property_readonly("total_tokens_per_s", &Stats::total_tokens_per_s);
+    const std::vector<const char *> stats_fields = {
+        "n_prompts", "n_failed", "n_prompt_tokens", "n_prompt_tokens_shared", "n_gen_tokens", "t_prompt_ms",
+        "t_gen_ms", "t_wall_ms", "n_decode_calls", "n_kv_full_retries", "n_device_sampled", "t_sample_ms",
+        "n_padding_tokens", "backend", "prompt_tokens_per_s", "gen_tokens_per_s", "total_tokens_per_s"};
+    def_record(stats, "Stats", stats_fields, stats_fields);
 
     py::class_<Context>(m, "Context", "A llama.cpp context with n_parallel slots.")
         .def(py::init<std::shared_ptr<const Model>, const ContextParams &>(), py::arg("model"), py::arg("params"),

@@ -165,6 +165,9 @@ void register_token_chooser(py::module_ & m) {
 }
 
 }  // namespace
+
+void register_testing_engine(py::module_ & m);  // testing_engine.cpp
+
 }  // namespace fastpar::python
 
 PYBIND11_MODULE(_testing, m) {
@@ -176,6 +179,7 @@ PYBIND11_MODULE(_testing, m) {
     fastpar::python::register_prefix_sharing(m);
     fastpar::python::register_text_stream(m);
     fastpar::python::register_token_chooser(m);
+    fastpar::python::register_testing_engine(m);
     m.def(
         "sample_against_llama",
         [](const GenerateParams & params, uint32_t seed, const std::vector<float> & logits,

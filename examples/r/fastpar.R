@@ -28,9 +28,22 @@ fastpar_context <- function(model, n_parallel = NULL, n_ctx_per_seq = NULL, n_th
 generate_parallel <- function(context, prompts, max_tokens = NULL, temperature = NULL, top_k = NULL,
                               top_p = NULL, min_p = NULL, repeat_penalty = NULL, seed = NULL,
                               stop = NULL, ignore_eos = NULL) {
-  prompts <- as.character(prompts)
-  .Call("fastpar_r_generate", context, prompts, max_tokens, temperature, top_k, top_p, min_p,
-        repeat_penalty, seed, if (is.null(stop)) NULL else as.character(stop), ignore_eos)
+  .Call("fastpar_r_generate", context, .strings(prompts, "prompts"), max_tokens, temperature, top_k, top_p,
+        min_p, repeat_penalty, seed, if (is.null(stop)) NULL else .strings(stop, "stop"), ignore_eos)
+}
+
+# A character vector, or a list of single strings, as a character vector. Anything else
+# is an error, as in Python: as.character() would silently turn list(1, 2) into "1", "2".
+.strings <- function(x, what) {
+  if (is.list(x) && all(vapply(x, function(e) is.character(e) && length(e) == 1, logical(1)))) {
+    x <- unlist(x, use.names = FALSE)
+    if (is.null(x)) x <- character(0)
+  }
+  if (!is.character(x)) {
+    stop(what, " must be a character vector (or a list of strings), got ",
+         if (is.list(x)) "a list holding other values" else paste("a", class(x)[1], "vector"), call. = FALSE)
+  }
+  x
 }
 
 # Statistics of the context's last call.

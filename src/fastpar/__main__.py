@@ -18,18 +18,33 @@ DEMO_QUESTIONS = [
 ]
 
 
-def _demo(args: argparse.Namespace) -> int:
-    import fastpar
+class _CommandError(Exception):
+    """A failure to report in one line."""
 
-    path = args.model or fastpar.default_model_path()
-    model = fastpar.Model(path, n_gpu_layers=args.n_gpu_layers)
+
+def _demo(args: argparse.Namespace) -> int:
+    import os
+
+    import fastpar
+    from fastpar._models import DEFAULT_MODEL_NAME
+
+    if args.model:
+        model = fastpar.Model(args.model, n_gpu_layers=args.n_gpu_layers)
+        label = f"{os.path.basename(args.model)} ({model.description})"
+    else:
+        try:
+            path = fastpar.default_model_path()
+        except RuntimeError as e:  # the download or its checksum failed
+            raise _CommandError(str(e)) from e
+        model = fastpar.Model(path, n_gpu_layers=args.n_gpu_layers)
+        label = DEFAULT_MODEL_NAME
     ctx = fastpar.Context(model, n_parallel=args.n_parallel, n_ctx_per_seq=args.n_ctx_per_seq,
                           n_threads=args.n_threads)
     prompts = [[{"role": "user", "content": q}] for q in DEMO_QUESTIONS]
     results = fastpar.generate_parallel(ctx, prompts, max_tokens=args.max_tokens, temperature=args.temperature,
                                         seed=args.seed)
     print(f"fastpar {fastpar.__version__} ({fastpar.backend()}): {len(prompts)} prompts in one call, "
-          f"n_parallel={ctx.n_parallel}, model {model.description}\n")
+          f"n_parallel={ctx.n_parallel}, model {label}\n")
     for question, c in zip(DEMO_QUESTIONS, results):
         print(f"Q: {question}")
         answer = c.text.strip() if c.finish_reason != "error" else f"<error: {c.error}>"
@@ -62,9 +77,21 @@ def main(argv: Optional[List[str]] = None) -> int:
     demo.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     demo.add_argument("--seed", type=int, default=None)
     sub.add_parser("version", help="print the version and backend")
-    args = parser.parse_args(argv)
+    args = parser.parse_args(argv)  # usage mistakes: one line, exit status 2
     if args.command == "demo":
-        return _demo(args)
+        # A mistake in what the command was given (a missing or unloadable model, a bad
+        # option value, a failed download) is one line for the user, not a traceback;
+        # anything else is a bug and keeps its traceback.
+        import fastpar
+
+        try:
+            return _demo(args)
+        except (_CommandError, OSError, ValueError, TypeError, fastpar.FastparError) as e:
+            print(f"{parser.prog}: error: {e}", file=sys.stderr)
+            return 1
+        except KeyboardInterrupt:
+            print(f"{parser.prog}: interrupted", file=sys.stderr)
+            return 130
     import fastpar
 
     print(f"fastpar {fastpar.__version__} ({fastpar.backend()})")

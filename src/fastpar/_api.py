@@ -6,10 +6,12 @@ source of truth; nothing here retypes a default value.
 
 from __future__ import annotations
 
+import difflib
+import inspect
 import math
 import os
 from collections.abc import Mapping, Sequence
-from typing import Callable, List, Optional, Union
+from typing import Any, Callable, Dict, List, Optional, Union
 
 from . import _core
 
@@ -98,7 +100,7 @@ class Context:
     ``n_parallel x n_ctx_per_seq`` positions. ``n_batch`` caps the tokens of one decode call;
     longer prompts are fed in chunks. Its default is the larger of ``n_parallel`` and 512,
     or 2048 when any layer runs on a GPU, where fewer, larger prompt batches were measured
-    faster (bench/README.md); llama.cpp's physical batch is ``n_batch`` up to that size.
+    faster (docs/performance.md); llama.cpp's physical batch is ``n_batch`` up to that size.
     ``n_threads=None`` uses one thread per hardware thread. Calls on one context from
     several threads take turns; separate contexts of one model run in parallel.
     ``device_sampling``: ``True`` cuts every row of logits down to its best candidates
@@ -107,8 +109,8 @@ class Context:
     whole row gives, for greedy and top-k (up to 64) chains without penalties; prompts
     with ``logprobs``, penalties or other top-k get whole rows. ``False`` copies whole rows
     back and samples on the host, many sequences at once. ``None`` (default) is auto:
-    ``True`` with the output layer on a GPU and at least 8 slots (faster there on an H100,
-    bench/README.md), else ``False``.
+    ``True`` with the output layer on a GPU and at least 8 slots (measured faster there,
+    docs/performance.md), else ``False``.
     ``share_prefixes`` (default ``True``): prompts that begin with the same 16 tokens or
     more decode that common prefix once; the other slots copy it from the first one's KV
     cache (``n_prompt_tokens_shared`` in the completions and statistics counts them).
@@ -195,6 +197,20 @@ def _context_params(n_parallel: object, n_ctx_per_seq: object, n_batch: object, 
     return params
 
 
+def _text(text: str, where: str) -> str:
+    # pybind11 cannot turn a lone surrogate (from surrogateescape decoding, or a bad
+    # "\ud800" literal) into UTF-8 and would refuse the whole call with a message that
+    # names no argument. An ASCII str (isascii() is O(1)) cannot hold one.
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise ValueError(f"{where} is not valid text: it holds a lone surrogate "
+                             f"{text[e.start]!r} at index {e.start}; fix or drop it "
+                             f"(e.g. .encode('utf-8', 'replace').decode())") from None
+    return str(text)  # a str subclass (numpy.str_) as a plain str
+
+
 def _messages(messages: object, where: str) -> List[_core.ChatMessage]:
     if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
         raise TypeError(f"{where} must be a list of {{'role', 'content'}} dicts")
@@ -202,67 +218,104 @@ def _messages(messages: object, where: str) -> List[_core.ChatMessage]:
     for j, m in enumerate(messages):
         if not isinstance(m, Mapping) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
             raise TypeError(f"{where}[{j}] must be a dict with str 'role' and 'content', got {m!r}")
-        out.append(_core.ChatMessage(m["role"], m["content"]))
+        out.append(_core.ChatMessage(_text(m["role"], f"{where}[{j}]['role']"),
+                                     _text(m["content"], f"{where}[{j}]['content']")))
     return out
 
 
 def _prompt(prompt: object, where: str):
     if isinstance(prompt, str):
-        return prompt
+        return _text(prompt, where)
     if isinstance(prompt, Sequence) and not isinstance(prompt, (bytes, bytearray)):
         return _messages(prompt, where)
     raise TypeError(f"{where} must be a str or a list of chat messages, got {type(prompt).__name__}")
 
 
 def _prompts(prompts: object) -> list:
-    if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence):
-        raise TypeError("prompts must be a list of str (or of chat-message lists), "
+    # Any sized, indexable collection in order: list, tuple, 1-D numpy array of str (not a
+    # registered Sequence). Not a lone str, whose characters would each become a prompt.
+    bad = isinstance(prompts, (str, bytes, bytearray, Mapping))
+    if not bad and not isinstance(prompts, Sequence):
+        bad = not (hasattr(prompts, "__len__") and hasattr(prompts, "__getitem__")) or getattr(prompts, "ndim", 1) != 1
+    if bad:
+        raise TypeError("prompts must be a sequence of str (or of chat-message lists), "
                         f"got {type(prompts).__name__}")
     return [_prompt(p, f"prompts[{i}]") for i, p in enumerate(prompts)]
 
 
-def _generate_params(
-    *,
-    max_tokens: int = _GENERATE_DEFAULTS.max_tokens,
-    temperature: float = _GENERATE_DEFAULTS.temperature,
-    top_k: int = _GENERATE_DEFAULTS.top_k,
-    top_p: float = _GENERATE_DEFAULTS.top_p,
-    min_p: float = _GENERATE_DEFAULTS.min_p,
-    repeat_penalty: float = _GENERATE_DEFAULTS.repeat_penalty,
-    presence_penalty: float = _GENERATE_DEFAULTS.presence_penalty,
-    frequency_penalty: float = _GENERATE_DEFAULTS.frequency_penalty,
-    repeat_last_n: int = _GENERATE_DEFAULTS.repeat_last_n,
-    seed: Optional[int] = None,
-    stop: Union[None, str, Sequence[str]] = None,
-    ignore_eos: bool = _GENERATE_DEFAULTS.ignore_eos,
-    logprobs: bool = _GENERATE_DEFAULTS.logprobs,
-) -> _core.GenerateParams:
-    """The generation options, checked, as the core's struct (shared by every entry point)."""
+def _f32(value: float) -> float:
+    """A float32 default as the number it was written as (0.8, not 0.800000011920929)."""
+    return float(f"{value:.7g}")
+
+
+#: The generation options every entry point takes as keywords, with their defaults (from
+#: the core's ``GenerateParams``) and types, for signatures and help().
+_OPTIONS = {
+    "max_tokens": (_GENERATE_DEFAULTS.max_tokens, int),
+    "temperature": (_f32(_GENERATE_DEFAULTS.temperature), float),
+    "top_k": (_GENERATE_DEFAULTS.top_k, int),
+    "top_p": (_f32(_GENERATE_DEFAULTS.top_p), float),
+    "min_p": (_f32(_GENERATE_DEFAULTS.min_p), float),
+    "repeat_penalty": (_f32(_GENERATE_DEFAULTS.repeat_penalty), float),
+    "presence_penalty": (_f32(_GENERATE_DEFAULTS.presence_penalty), float),
+    "frequency_penalty": (_f32(_GENERATE_DEFAULTS.frequency_penalty), float),
+    "repeat_last_n": (_GENERATE_DEFAULTS.repeat_last_n, int),
+    "seed": (None, Optional[int]),
+    "stop": (None, Union[None, str, Sequence[str]]),
+    "ignore_eos": (_GENERATE_DEFAULTS.ignore_eos, bool),
+    "logprobs": (_GENERATE_DEFAULTS.logprobs, bool),
+}
+
+
+def _with_options(func: Callable) -> Callable:
+    """Shows the generation options in ``func``'s signature (help(), inspect) in place of
+    its ``**options``; the function itself still takes them as keywords."""
+    sig = inspect.signature(func)
+    params = [p for p in sig.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    options = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=kind)
+               for name, (default, kind) in _OPTIONS.items()]
+    func.__signature__ = sig.replace(parameters=params + options)
+    return func
+
+
+def _generate_params(call: str, options: Dict[str, Any]) -> _core.GenerateParams:
+    """The generation options, checked, as the core's struct (shared by every entry point).
+    ``call`` names the public function in errors."""
+    unknown = [name for name in options if name not in _OPTIONS]
+    if unknown:
+        name = unknown[0]
+        close = difflib.get_close_matches(name, _OPTIONS, n=1)
+        hint = f"; did you mean '{close[0]}'?" if close else f"; the options are {', '.join(_OPTIONS)}"
+        raise TypeError(f"{call}() got an unexpected keyword argument '{name}'{hint}")
+    o = {name: options.get(name, default) for name, (default, _) in _OPTIONS.items()}
     params = _core.GenerateParams()
-    params.max_tokens = _int("max_tokens", max_tokens)
-    params.temperature = _float("temperature", temperature)
-    params.top_k = _int("top_k", top_k)
-    params.top_p = _float("top_p", top_p)
-    params.min_p = _float("min_p", min_p)
-    params.repeat_penalty = _float("repeat_penalty", repeat_penalty)
-    params.presence_penalty = _float("presence_penalty", presence_penalty)
-    params.frequency_penalty = _float("frequency_penalty", frequency_penalty)
-    params.repeat_last_n = _int("repeat_last_n", repeat_last_n)
+    params.max_tokens = _int("max_tokens", o["max_tokens"])
+    params.temperature = _float("temperature", o["temperature"])
+    params.top_k = _int("top_k", o["top_k"])
+    params.top_p = _float("top_p", o["top_p"])
+    params.min_p = _float("min_p", o["min_p"])
+    params.repeat_penalty = _float("repeat_penalty", o["repeat_penalty"])
+    params.presence_penalty = _float("presence_penalty", o["presence_penalty"])
+    params.frequency_penalty = _float("frequency_penalty", o["frequency_penalty"])
+    params.repeat_last_n = _int("repeat_last_n", o["repeat_last_n"])
+    seed = o["seed"]
     if seed is not None:
         seed = _int("seed", seed)
         if not 0 <= seed < 2**32:
             raise ValueError(f"seed must be in [0, 2**32) or None, got {seed}")
         params.seed = seed
+    stop = o["stop"]
     if stop is not None:
         stops = [stop] if isinstance(stop, str) else stop
         if not isinstance(stops, Sequence) or not all(isinstance(s, str) for s in stops):
             raise TypeError("stop must be a str or a list of str")
-        params.stop = list(stops)
-    params.ignore_eos = _bool("ignore_eos", ignore_eos)
-    params.logprobs = _bool("logprobs", logprobs)
+        params.stop = [_text(s, "stop") for s in stops]
+    params.ignore_eos = _bool("ignore_eos", o["ignore_eos"])
+    params.logprobs = _bool("logprobs", o["logprobs"])
     return params
 
 
+@_with_options
 def generate_parallel(
     ctx: Context,
     prompts: Sequence[Prompt],
@@ -273,7 +326,8 @@ def generate_parallel(
 ) -> List[_core.Completion]:
     """Generate a completion for every prompt in one unified batch; results in input order.
 
-    A prompt is a ``str`` (raw text; special tokens in it are parsed) or a list of
+    ``prompts`` is a sequence (list, tuple, 1-D numpy array, ...); a prompt is a ``str``
+    (raw text; special tokens in it are parsed) or a list of
     ``{"role": ..., "content": ...}`` messages rendered with the model's chat template.
     Every prompt gets its own sequence, sampler and KV cells: its output does not depend
     on its batch-mates. More prompts than ``ctx.n_parallel`` are queued and fill slots
@@ -288,20 +342,22 @@ def generate_parallel(
     ``logprobs`` holds every generated token's log-probability under the model, the log
     softmax of its raw logits before any sampler; those prompts sample on the host).
 
-    ``progress=True`` shows a progress bar (prompts done, generated tokens per second);
+    ``progress=True`` shows a progress bar (prompts done; at the end, the call's generated tokens
+    per second, ``last_stats.gen_tokens_per_s``);
     ``on_completion(index, completion)`` is called as each prompt finishes, on the
     calling thread. An exception from it cancels the rest of the call and propagates.
 
     A prompt that cannot be served (too long for ``n_ctx_per_seq``, empty after
     tokenization, ...) gets ``finish_reason == "error"`` and a message in ``error``;
     the others complete normally. Bad arguments raise ``TypeError``/``ValueError``
-    before any work. The GIL is released while generating; Ctrl-C cancels the call
+    before any work: an unknown option (with the closest known one), text that is not
+    valid Unicode (a lone surrogate; naming the prompt's index). The GIL is released while generating; Ctrl-C cancels the call
     and leaves the context clean.
     """
     if not isinstance(ctx, Context):
         raise TypeError(f"ctx must be a fastpar.Context, got {type(ctx).__name__}")
     converted = _prompts(prompts)
-    params = _generate_params(**generation_params)
+    params = _generate_params("generate_parallel", generation_params)
     if on_completion is not None and not callable(on_completion):
         raise TypeError("on_completion must be callable")
     if not progress:
@@ -311,19 +367,18 @@ def generate_parallel(
 
 def _generate_with_progress(ctx: Context, prompts: list, params: _core.GenerateParams,
                             on_completion: Optional[Callable[[int, _core.Completion], None]]):
-    import time
-
     from tqdm.auto import tqdm
 
-    start = time.perf_counter()
-    n_tokens = 0
+    # The bar counts prompts as they finish; the rate it ends with is the call's own
+    # ``last_stats.gen_tokens_per_s`` (generated tokens per second of generation steps),
+    # known only once the call is done: a rate over wall time would count prompt
+    # processing and the wait for the first completions, and disagree with the stats.
     with tqdm(total=len(prompts), unit="prompt", desc="fastpar") as bar:
         def update(i: int, completion: _core.Completion) -> None:
-            nonlocal n_tokens
-            n_tokens += completion.n_gen_tokens
             bar.update(1)
-            bar.set_postfix_str(f"{n_tokens / max(time.perf_counter() - start, 1e-9):.1f} gen tok/s")
             if on_completion is not None:
                 on_completion(i, completion)
 
-        return ctx._ctx.generate(prompts, params, update)
+        results = ctx._ctx.generate(prompts, params, update)
+        bar.set_postfix_str(f"{ctx.last_stats.gen_tokens_per_s:.1f} gen tok/s")
+        return results

