@@ -156,42 +156,4 @@ void TaskPool::run(size_t n, const std::function<void(size_t)> & fn) {
     }
 }
 
-int64_t stress_task_pool(int32_t n_workers, int32_t runs, int32_t caller_spin_us, int32_t anticipate_us) {
-    TaskPool::Options options;
-    options.caller_spin_us = caller_spin_us;
-    options.anticipate_us = anticipate_us;
-    TaskPool pool(n_workers, options);
-    uint32_t state = 12345u + static_cast<uint32_t>(n_workers);
-    const auto next = [&state] {  // a small LCG: the same runs everywhere
-        state = state * 1664525u + 1013904223u;
-        return state >> 8;
-    };
-    int64_t broken = 0;
-    for (int32_t r = 0; r < runs; ++r) {
-        const size_t n = next() % 40;
-        std::vector<std::atomic<int>> hits(n);
-        const int64_t throw_at = (r % 7 == 0 && n > 0) ? static_cast<int64_t>(next() % n) : -1;
-        if (anticipate_us > 0) {  // an uneven pace: runs before, during and after the polling
-            std::this_thread::sleep_for(std::chrono::microseconds(anticipate_us * static_cast<int32_t>(next() % 3)));
-        }
-        bool thrown = false;
-        try {
-            pool.run(n, [&](size_t i) {
-                hits[i].fetch_add(1);
-                if (static_cast<int64_t>(i) == throw_at) {
-                    throw Error("planned");
-                }
-            });
-        } catch (const Error &) {
-            thrown = true;
-        }
-        bool ok = thrown == (throw_at >= 0);
-        for (const auto & h : hits) {
-            ok = ok && h.load() == 1;
-        }
-        broken += ok ? 0 : 1;
-    }
-    return broken;
-}
-
 }  // namespace fastpar

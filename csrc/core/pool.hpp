@@ -99,10 +99,4 @@ private:
     uint64_t anticipation_ = 0;
 };
 
-// For tests: `runs` runs of 0 to 39 items on a pool of `n_workers` with those options,
-// every seventh with one item that throws (with anticipate_us, 0 to 2 anticipate_us
-// apart). Returns how many runs broke run()'s contract: an item run other than once, an
-// exception lost, or one thrown where none was.
-int64_t stress_task_pool(int32_t n_workers, int32_t runs, int32_t caller_spin_us = 0, int32_t anticipate_us = 0);
-
 }  // namespace fastpar

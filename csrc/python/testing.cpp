@@ -2,7 +2,10 @@
 // out of the shipped module fastpar._core (CMake option FASTPAR_TESTING). The step
 // planner, prefix sharing, the text stream and token choosing are exposed alone, so that
 // their rules (the GPU-only ones too) are tested without a model.
+#include <atomic>
+#include <chrono>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -10,6 +13,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include "core/errors.hpp"
 #include "core/params.hpp"
 #include "core/pool.hpp"
 #include "core/prefix_sharing.hpp"
@@ -164,6 +168,48 @@ void register_token_chooser(py::module_ & m) {
     m.attr("MIN_SPLIT") = kMinSplit;
 }
 
+// `runs` runs of 0 to 39 items on a TaskPool of `n_workers` with those options,
+// every seventh with one item that throws (with anticipate_us, 0 to 2 anticipate_us
+// apart). Returns how many runs broke run()'s contract: an item run other than once, an
+// exception lost, or one thrown where none was.
+int64_t stress_task_pool(int32_t n_workers, int32_t runs, int32_t caller_spin_us, int32_t anticipate_us) {
+    TaskPool::Options options;
+    options.caller_spin_us = caller_spin_us;
+    options.anticipate_us = anticipate_us;
+    TaskPool pool(n_workers, options);
+    uint32_t state = 12345u + static_cast<uint32_t>(n_workers);
+    const auto next = [&state] {  // a small LCG: the same runs everywhere
+        state = state * 1664525u + 1013904223u;
+        return state >> 8;
+    };
+    int64_t broken = 0;
+    for (int32_t r = 0; r < runs; ++r) {
+        const size_t n = next() % 40;
+        std::vector<std::atomic<int>> hits(n);
+        const int64_t throw_at = (r % 7 == 0 && n > 0) ? static_cast<int64_t>(next() % n) : -1;
+        if (anticipate_us > 0) {  // an uneven pace: runs before, during and after the polling
+            std::this_thread::sleep_for(std::chrono::microseconds(anticipate_us * static_cast<int32_t>(next() % 3)));
+        }
+        bool thrown = false;
+        try {
+            pool.run(n, [&](size_t i) {
+                hits[i].fetch_add(1);
+                if (static_cast<int64_t>(i) == throw_at) {
+                    throw Error("planned");
+                }
+            });
+        } catch (const Error &) {
+            thrown = true;
+        }
+        bool ok = thrown == (throw_at >= 0);
+        for (const auto & h : hits) {
+            ok = ok && h.load() == 1;
+        }
+        broken += ok ? 0 : 1;
+    }
+    return broken;
+}
+
 }  // namespace
 
 void register_testing_engine(py::module_ & m);  // testing_engine.cpp
@@ -191,9 +237,9 @@ PYBIND11_MODULE(_testing, m) {
         py::arg("split_rows") = 0, py::arg("pool_workers") = 0,
         "Tokens fastpar's host sampling picks next to those llama.cpp's own chain picks "
         "(core/sampling.hpp, sample_against_llama).");
-    m.def("stress_task_pool", &stress_task_pool, py::call_guard<py::gil_scoped_release>(), py::arg("n_workers"),
+    m.def("stress_task_pool", &fastpar::python::stress_task_pool, py::call_guard<py::gil_scoped_release>(), py::arg("n_workers"),
           py::arg("runs"), py::arg("caller_spin_us") = 0, py::arg("anticipate_us") = 0,
-          "Runs that broke the sampling pool's contract (core/pool.hpp, stress_task_pool).");
+          "Runs that broke the sampling pool's contract (testing.cpp, stress_task_pool).");
     // n_batch=None's physical batch on the CPU and on a GPU, for bench/run.py's raw baseline.
     m.attr("cpu_batch") = kCpuBatch;
     m.attr("gpu_batch") = kGpuBatch;
