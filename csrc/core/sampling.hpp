@@ -74,7 +74,8 @@ void choose_split(TaskPool & pool, std::vector<LogitRow> & rows, std::vector<flo
 // `split_rows` > 0 (a whole row that splits()), each draw chooses from that many copies of
 // the row at once through choose_split on a pool of `pool_workers` workers with the
 // options of a GPU's output, each copy with its own chain from `seed`: every copy's token
-// is returned, one draw after another.
+// is returned, one draw after another. It lives here, not in the test module, because
+// llama.cpp's samplers are private to libfastpar; only fastpar._testing binds it.
 std::pair<std::vector<llama_token>, std::vector<llama_token>> sample_against_llama(
     const GenerateParams & params, uint32_t seed, const std::vector<float> & logits,
     const std::vector<llama_token> & blocks, int32_t width, int32_t draws, int32_t split_rows = 0,
