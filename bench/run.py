@@ -34,23 +34,6 @@ import threading
 import time
 import urllib.request
 
-if "--gpu" in sys.argv and "6" in (sys.argv[sys.argv.index("--stages") + 1] if "--stages" in sys.argv else "6"):
-    # The transformers peer: load PyTorch before fastpar. With a CUDA fastpar built by a
-    # toolchain that links libstdc++ statically, a C++ extension loaded after it crashed
-    # (docs/design.md, "Build and vendoring"); the order costs nothing otherwise.
-    import torch  # noqa: F401
-try:
-    # The plot's backend before fastpar too. With a CUDA fastpar from such a toolchain,
-    # matplotlib's Agg module crashed when it was loaded after fastpar and loaded when it came
-    # first (docs/design.md, "Build and vendoring"): --gpu commands without stage 6 (without
-    # torch ahead of fastpar) ended in SIGSEGV at their plot, after writing JSON and table.
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-except ImportError:
-    plt = None  # plot() says so
-
 import fastpar
 import fastpar._testing  # cpu_batch, gpu_batch: needs a build with FASTPAR_TESTING (the default)
 
@@ -496,7 +479,12 @@ def plot(results, stages, path):
     gpu = sorted({key.split("|")[0].rsplit("-np", 1)[0] for key in results if key.startswith("G-")})
     if not gpu and not any(key.startswith("W2-") for key in results):
         return  # the plot is W2's (or the GPU's) throughput against parallel sequences
-    if plt is None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
         print("matplotlib not installed: no plot (pip install matplotlib)")
         return
     # One panel per (title, levels, results key for a level, log y-axis).
