@@ -193,3 +193,15 @@ def test_engine_takes_params_and_refuses_samples(model):
             engine.submit(PROMPTS[0], SP(), max_tokens=2)
         with pytest.raises(TypeError, match="did you mean"):
             engine.submit(PROMPTS[0], max_token=2)
+
+
+def test_top_logprobs_rows_skip_device_sampling(model):
+    # top_logprobs needs the whole row: such prompts never take the device's cut-down rows,
+    # greedy prompts beside them still do.
+    ctx = fastpar.Context(model, n_parallel=2, n_ctx_per_seq=128, device_sampling=True)
+    if not ctx.device_sampling:
+        pytest.skip("device sampling is not available for this model")
+    a, b = fastpar.generate_parallel(ctx, PROMPTS[:2], [SP(temperature=0.0, max_tokens=6, top_logprobs=3),
+                                                        SP(temperature=0.0, max_tokens=6, ignore_eos=True)])
+    assert len(a.top_logprobs) == a.n_gen_tokens and all(len(e) == 3 for e in a.top_logprobs)
+    assert ctx.last_stats.n_device_sampled == b.n_gen_tokens
