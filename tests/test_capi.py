@@ -14,16 +14,20 @@ import fastpar
 HERE = pathlib.Path(__file__).parent
 
 
-@pytest.fixture(scope="module")
-def capi_binary(tmp_path_factory):
+def compile_c(tmp_path_factory, name: str) -> pathlib.Path:
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     assert cc, "a C compiler is needed to test the C ABI"
     lib = pathlib.Path(fastpar.get_library())
-    out = tmp_path_factory.mktemp("capi") / "capi_check"
-    cmd = [cc, "-std=c11", "-Wall", "-Wextra", "-Werror", str(HERE / "c" / "capi_check.c"),
+    out = tmp_path_factory.mktemp("capi") / name
+    cmd = [cc, "-std=c11", "-Wall", "-Wextra", "-Werror", str(HERE / "c" / f"{name}.c"),
            f"-I{fastpar.get_include()}", f"-L{lib.parent}", "-lfastpar", f"-Wl,-rpath,{lib.parent}", "-o", str(out)]
     subprocess.run(cmd, check=True)
     return out
+
+
+@pytest.fixture(scope="module")
+def capi_binary(tmp_path_factory):
+    return compile_c(tmp_path_factory, "capi_check")
 
 
 @pytest.fixture(scope="module")
@@ -49,3 +53,26 @@ def test_c_and_python_agree(capi_run, model):
         line = next(ln for ln in capi_run.stdout.splitlines() if ln.startswith(f"capi: prompt {i} "))
         c_tokens = [int(t) for t in line.split(" tokens")[1].split("|")[0].split()]
         assert c_tokens == c.token_ids, i
+
+
+def test_c_generate_per_prompt_params_samples_and_chat(tmp_path_factory, model):
+    binary = compile_c(tmp_path_factory, "capi_generate")
+    run = subprocess.run([str(binary), model.path], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    lines = run.stdout.splitlines()
+    assert lines[-1] == "capi-gen: ok"
+    # The same call from Python: per-prompt params, a chat prompt, 3 samples of the last.
+    SP = fastpar.SamplingParams
+    ctx = fastpar.Context(model, n_parallel=4, n_ctx_per_seq=256)
+    got = fastpar.generate_parallel(
+        ctx, ["The capital of France is", [{"role": "user", "content": "What is the capital of France?"}],
+              "Write one sentence about the weather:"],
+        [SP(max_tokens=8, temperature=0.0, logprobs=True, top_logprobs=3), SP(max_tokens=8, temperature=0.0),
+         SP(max_tokens=8, temperature=1.0, seed=7, n=3)])
+    flat = [c for samples in got for c in samples]
+    assert len(flat) == 5
+    for k, c in enumerate(flat):
+        line = next(ln for ln in lines if ln.startswith(f"capi-gen: result {k} "))
+        assert [int(t) for t in line.split(" tokens")[1].split("|")[0].split()] == c.token_ids, k
+    n_shared = [int(x) for x in next(ln for ln in lines if ln.startswith("capi-gen: shared")).split()[2:]]
+    assert n_shared == [c.n_prompt_tokens_shared for c in flat[3:]] and min(n_shared) > 0

@@ -81,7 +81,25 @@ typedef struct fastpar_generate_params {
     int32_t n_stop;
     bool ignore_eos;
     bool logprobs;             /* fill fastpar_completion.logprobs */
+    int32_t n;                 /* samples per prompt (fastpar_generate): the prompt is decoded once,
+                                  sample j seeded seed + j */
+    int32_t top_logprobs;      /* 0..20: fill fastpar_completion.top_logprob_ids / _values */
+    const char * json_schema;  /* JSON schema every output validates against, or NULL */
+    const char * grammar;      /* GBNF grammar every output matches, or NULL (not both) */
 } fastpar_generate_params;
+
+/* One chat message; a prompt of messages is rendered with the model's own chat template. */
+typedef struct fastpar_message {
+    const char * role;    /* "system", "user", "assistant", ... */
+    const char * content;
+} fastpar_message;
+
+/* One prompt for fastpar_generate: raw text, or chat messages (text NULL). */
+typedef struct fastpar_prompt {
+    const char * text;                /* NUL-terminated raw text, or NULL */
+    const fastpar_message * messages; /* n_messages messages when text is NULL */
+    int32_t n_messages;
+} fastpar_prompt;
 
 typedef struct fastpar_completion {
     char * text;        /* NUL-terminated UTF-8, owned by the results */
@@ -93,6 +111,10 @@ typedef struct fastpar_completion {
     fastpar_finish_reason finish_reason;
     char * error;       /* NULL unless finish_reason == FASTPAR_FINISH_ERROR */
     float * logprobs;   /* n_gen_tokens log-probabilities, or NULL unless logprobs was asked for */
+    int32_t n_top_logprobs;     /* k = top_logprobs asked for (0: the arrays below are NULL) */
+    int32_t * top_logprob_ids;  /* n_gen_tokens x k token ids: position i's k most likely tokens,
+                                   most likely first, at [i * k, i * k + k) */
+    float * top_logprob_values; /* their log-probabilities, laid out the same way */
 } fastpar_completion;
 
 typedef struct fastpar_stats {
@@ -146,6 +168,16 @@ FASTPAR_API void fastpar_context_free(fastpar_context * ctx);
 FASTPAR_API fastpar_status fastpar_generate_parallel(fastpar_context * ctx, const char * const * prompts,
                                                      int32_t n_prompts, fastpar_generate_params params,
                                                      fastpar_completion ** results_out);
+/* The general form: prompts of raw text or chat messages, parameters per prompt, and n
+ * samples per prompt. `params` is NULL (the defaults for every prompt) or points to
+ * n_params structs: 1 (for every prompt) or n_prompts (one per prompt). A prompt whose
+ * params have n samples gets n completions; *results_out holds *n_results_out of them,
+ * every prompt's samples in turn (prompt 0's n, then prompt 1's, ...), each sample j
+ * seeded seed + j. A seed of -1 is drawn once per params struct. Failures as for
+ * fastpar_generate_parallel, which refuses n != 1 (its result has one entry a prompt). */
+FASTPAR_API fastpar_status fastpar_generate(fastpar_context * ctx, const fastpar_prompt * prompts, int32_t n_prompts,
+                                            const fastpar_generate_params * params, int32_t n_params,
+                                            fastpar_completion ** results_out, int32_t * n_results_out);
 FASTPAR_API void fastpar_results_free(fastpar_completion * results, int32_t n_results);
 
 /* Statistics of the context's last generate call. */

@@ -2,6 +2,8 @@
 // which turns any C++ exception into a status code and a per-thread message.
 #include "fastpar.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -73,6 +75,17 @@ fastpar::GenerateParams to_core(const fastpar_generate_params & p) {
     g.seed = p.seed;
     g.ignore_eos = p.ignore_eos;
     g.logprobs = p.logprobs;
+    g.n = p.n;
+    g.top_logprobs = p.top_logprobs;
+    if (p.json_schema != nullptr) {
+        g.json_schema = p.json_schema;
+    }
+    if (p.grammar != nullptr) {
+        g.grammar = p.grammar;
+    }
+    if (p.json_schema != nullptr && p.grammar != nullptr) {
+        throw std::invalid_argument("json_schema and grammar were both given; a prompt takes one constraint");
+    }
     if (p.n_stop < 0 || (p.n_stop > 0 && p.stop == nullptr)) {
         throw std::invalid_argument("stop must point to n_stop strings (n_stop >= 0)");
     }
@@ -83,6 +96,83 @@ fastpar::GenerateParams to_core(const fastpar_generate_params & p) {
         g.stop.emplace_back(p.stop[i]);
     }
     return g;
+}
+
+fastpar::Prompt to_core(const fastpar_prompt & p, int32_t i) {
+    fastpar::Prompt out;
+    const std::string where = "prompts[" + std::to_string(i) + "]";
+    if (p.text != nullptr) {
+        if (p.n_messages != 0 || p.messages != nullptr) {
+            throw std::invalid_argument(where + " has both text and messages; give one");
+        }
+        out.text = p.text;
+        return out;
+    }
+    if (p.n_messages <= 0 || p.messages == nullptr) {
+        throw std::invalid_argument(where + " has neither text nor messages (n_messages >= 1)");
+    }
+    out.is_chat = true;
+    for (int32_t j = 0; j < p.n_messages; ++j) {
+        const fastpar_message & m = p.messages[j];
+        if (m.role == nullptr || m.content == nullptr) {
+            throw std::invalid_argument(where + ".messages[" + std::to_string(j) + "] has a NULL role or content");
+        }
+        out.messages.push_back(fastpar::ChatMessage{m.role, m.content});
+    }
+    return out;
+}
+
+template <typename T>
+T * copy_array(const T * data, size_t n) {
+    auto * out = static_cast<T *>(std::malloc(sizeof(T) * (n + 1)));
+    if (out == nullptr) {
+        throw std::bad_alloc();
+    }
+    std::copy(data, data + n, out);
+    return out;
+}
+
+// The C results of a call: allocated all first, so a failure leaves nothing behind.
+fastpar_completion * to_c(const std::vector<fastpar::Completion> & out) {
+    auto * results = static_cast<fastpar_completion *>(std::calloc(out.size(), sizeof(fastpar_completion)));
+    if (results == nullptr) {
+        throw std::bad_alloc();
+    }
+    try {
+        for (size_t i = 0; i < out.size(); ++i) {
+            const fastpar::Completion & c = out[i];
+            fastpar_completion & r = results[i];
+            r.text = dup_string(c.text);
+            r.text_len = c.text.size();
+            r.n_gen_tokens = static_cast<int32_t>(c.token_ids.size());
+            r.token_ids = copy_array(c.token_ids.data(), c.token_ids.size());
+            if (!c.logprobs.empty()) {
+                r.logprobs = copy_array(c.logprobs.data(), c.logprobs.size());
+            }
+            if (!c.top_logprobs.empty() && !c.top_logprobs.front().empty()) {
+                const size_t k = c.top_logprobs.front().size();
+                std::vector<int32_t> ids;
+                std::vector<float> values;
+                for (const auto & position : c.top_logprobs) {
+                    for (size_t j = 0; j < k; ++j) {
+                        ids.push_back(j < position.size() ? position[j].token : -1);
+                        values.push_back(j < position.size() ? position[j].logprob : -INFINITY);
+                    }
+                }
+                r.n_top_logprobs = static_cast<int32_t>(k);
+                r.top_logprob_ids = copy_array(ids.data(), ids.size());
+                r.top_logprob_values = copy_array(values.data(), values.size());
+            }
+            r.n_prompt_tokens = c.n_prompt_tokens;
+            r.n_prompt_tokens_shared = c.n_prompt_tokens_shared;
+            r.finish_reason = static_cast<fastpar_finish_reason>(c.finish_reason);
+            r.error = c.finish_reason == fastpar::FinishReason::Error ? dup_string(c.error) : nullptr;
+        }
+    } catch (...) {
+        fastpar_results_free(results, static_cast<int32_t>(out.size()));
+        throw;
+    }
+    return results;
 }
 
 }  // namespace
@@ -145,6 +235,10 @@ fastpar_generate_params fastpar_generate_default_params(void) {
     p.n_stop = 0;
     p.ignore_eos = d.ignore_eos;
     p.logprobs = d.logprobs;
+    p.n = d.n;
+    p.top_logprobs = d.top_logprobs;
+    p.json_schema = nullptr;
+    p.grammar = nullptr;
     return p;
 }
 
@@ -206,47 +300,64 @@ fastpar_status fastpar_generate_parallel(fastpar_context * ctx, const char * con
             in[static_cast<size_t>(i)].text = prompts[i];
         }
         const fastpar::GenerateParams gp = to_core(params);
+        if (gp.n != 1) {
+            return fail(FASTPAR_ERR_INVALID_ARGUMENT, "n=" + std::to_string(gp.n) +
+                                                          ": fastpar_generate_parallel returns one completion a "
+                                                          "prompt; use fastpar_generate for samples");
+        }
         if (n_prompts == 0) {
             fastpar::validate(gp);
             *results_out = nullptr;
             return FASTPAR_OK;
         }
-        std::vector<fastpar::Completion> out = ctx->ctx->generate(in, gp);
+        const std::vector<fastpar::Completion> out = ctx->ctx->generate(in, gp);
+        *results_out = to_c(out);
+        return FASTPAR_OK;
+    });
+}
 
-        // Allocate everything first, so a failure leaves nothing behind.
-        auto * results = static_cast<fastpar_completion *>(std::calloc(out.size(), sizeof(fastpar_completion)));
-        if (results == nullptr) {
-            throw std::bad_alloc();
+fastpar_status fastpar_generate(fastpar_context * ctx, const fastpar_prompt * prompts, int32_t n_prompts,
+                                const fastpar_generate_params * params, int32_t n_params,
+                                fastpar_completion ** results_out, int32_t * n_results_out) {
+    return guard([&] {
+        if (ctx == nullptr || results_out == nullptr || n_results_out == nullptr) {
+            return fail(FASTPAR_ERR_INVALID_ARGUMENT, "ctx, results_out and n_results_out must not be NULL");
         }
-        try {
-            for (size_t i = 0; i < out.size(); ++i) {
-                const fastpar::Completion & c = out[i];
-                fastpar_completion & r = results[i];
-                r.text = dup_string(c.text);
-                r.text_len = c.text.size();
-                r.n_gen_tokens = static_cast<int32_t>(c.token_ids.size());
-                r.token_ids = static_cast<int32_t *>(std::malloc(sizeof(int32_t) * (c.token_ids.size() + 1)));
-                if (r.token_ids == nullptr) {
-                    throw std::bad_alloc();
-                }
-                std::copy(c.token_ids.begin(), c.token_ids.end(), r.token_ids);
-                if (!c.logprobs.empty()) {
-                    r.logprobs = static_cast<float *>(std::malloc(sizeof(float) * c.logprobs.size()));
-                    if (r.logprobs == nullptr) {
-                        throw std::bad_alloc();
-                    }
-                    std::copy(c.logprobs.begin(), c.logprobs.end(), r.logprobs);
-                }
-                r.n_prompt_tokens = c.n_prompt_tokens;
-                r.n_prompt_tokens_shared = c.n_prompt_tokens_shared;
-                r.finish_reason = static_cast<fastpar_finish_reason>(c.finish_reason);
-                r.error = c.finish_reason == fastpar::FinishReason::Error ? dup_string(c.error) : nullptr;
+        if (n_prompts < 0 || (n_prompts > 0 && prompts == nullptr)) {
+            return fail(FASTPAR_ERR_INVALID_ARGUMENT, "prompts must point to n_prompts prompts (n_prompts >= 0)");
+        }
+        std::vector<fastpar::GenerateParams> gp;
+        if (params == nullptr) {
+            gp.emplace_back();
+        } else {
+            if (n_params != 1 && n_params != n_prompts) {
+                return fail(FASTPAR_ERR_INVALID_ARGUMENT,
+                            "n_params must be 1 (for every prompt) or n_prompts (" + std::to_string(n_prompts) +
+                                "), got " + std::to_string(n_params));
             }
-        } catch (...) {
-            fastpar_results_free(results, static_cast<int32_t>(out.size()));
-            throw;
+            for (int32_t i = 0; i < n_params; ++i) {
+                gp.push_back(to_core(params[i]));
+            }
         }
-        *results_out = results;
+        std::vector<fastpar::Prompt> in;
+        in.reserve(static_cast<size_t>(n_prompts));
+        for (int32_t i = 0; i < n_prompts; ++i) {
+            in.push_back(to_core(prompts[i], i));
+        }
+        if (n_prompts == 0) {
+            for (const auto & p : gp) {
+                fastpar::validate(p);
+            }
+            *results_out = nullptr;
+            *n_results_out = 0;
+            return FASTPAR_OK;
+        }
+        const std::vector<fastpar::Completion> out = ctx->ctx->generate(in, gp);
+        if (out.size() > static_cast<size_t>(INT32_MAX)) {
+            return fail(FASTPAR_ERR_INVALID_ARGUMENT, "more than 2^31 - 1 completions");
+        }
+        *results_out = to_c(out);
+        *n_results_out = static_cast<int32_t>(out.size());
         return FASTPAR_OK;
     });
 }
@@ -260,6 +371,8 @@ void fastpar_results_free(fastpar_completion * results, int32_t n_results) {
         std::free(results[i].token_ids);
         std::free(results[i].error);
         std::free(results[i].logprobs);
+        std::free(results[i].top_logprob_ids);
+        std::free(results[i].top_logprob_values);
     }
     std::free(results);
 }

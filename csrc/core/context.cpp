@@ -203,7 +203,20 @@ void Context::with_scheduler(Stats & stats, const StepPolicy & policy, const std
 std::vector<Completion> Context::generate(const std::vector<Prompt> & prompts, const GenerateParams & params,
                                           const std::function<bool()> & interrupt,
                                           const std::function<void(size_t, const Completion &)> & on_completion) {
-    validate(params);
+    return generate(prompts, std::vector<GenerateParams>{params}, interrupt, on_completion);
+}
+
+std::vector<Completion> Context::generate(const std::vector<Prompt> & prompts,
+                                          const std::vector<GenerateParams> & params,
+                                          const std::function<bool()> & interrupt,
+                                          const std::function<void(size_t, const Completion &)> & on_completion) {
+    if (params.size() != 1 && params.size() != prompts.size()) {
+        throw InvalidArgument("params must hold one entry for every prompt (" + std::to_string(prompts.size()) +
+                              ") or one for all, got " + std::to_string(params.size()));
+    }
+    for (const auto & p : params) {
+        validate(p);
+    }
     for (const auto & p : prompts) {
         if (p.is_chat && !model_->has_chat_template()) {
             throw InvalidArgument("model '" + model_->path() +
@@ -213,9 +226,18 @@ std::vector<Completion> Context::generate(const std::vector<Prompt> & prompts, c
     const auto t0 = Clock::now();
     Stats stats;
     stats.n_prompts = static_cast<int64_t>(prompts.size());
-    std::vector<Completion> results(prompts.size());
-    const auto shared_params = std::make_shared<const GenerateParams>(params);
-    const uint32_t seed = resolve_seed(params);
+    std::vector<std::shared_ptr<const GenerateParams>> shared_params;
+    std::vector<uint32_t> seeds;
+    for (const auto & p : params) {
+        shared_params.push_back(std::make_shared<const GenerateParams>(p));
+        seeds.push_back(resolve_seed(p));
+    }
+    const auto entry = [&](size_t i) { return params.size() == 1 ? 0 : i; };
+    size_t n_results = 0;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+        n_results += static_cast<size_t>(params[entry(i)].n);
+    }
+    std::vector<Completion> results(n_results);
 
     auto finish_stats = [&] {
         stats.t_wall_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
@@ -227,19 +249,25 @@ std::vector<Completion> Context::generate(const std::vector<Prompt> & prompts, c
     };
     try {
         with_scheduler(stats, [&](Scheduler & scheduler) {
+            size_t k = 0;  // index into results
             for (size_t i = 0; i < prompts.size(); ++i) {
-                Request request;
-                request.prompt = prompts[i];
-                request.params = shared_params;
-                request.seed = seed;
-                request.t_submit = t0;
-                request.on_done = [&results, &on_completion, i](Completion && c) {
-                    results[i] = std::move(c);
-                    if (on_completion) {
-                        on_completion(i, results[i]);
-                    }
-                };
-                scheduler.enqueue(std::move(request));
+                const size_t e = entry(i);
+                const int32_t n = shared_params[e]->n;
+                for (int32_t j = 0; j < n; ++j, ++k) {
+                    Request request;
+                    request.prompt = prompts[i];
+                    request.params = shared_params[e];
+                    request.seed = seeds[e] + static_cast<uint32_t>(j);  // wraps modulo 2^32
+                    request.group = n > 1 ? static_cast<uint64_t>(i) + 1 : 0;
+                    request.t_submit = t0;
+                    request.on_done = [&results, &on_completion, k](Completion && c) {
+                        results[k] = std::move(c);
+                        if (on_completion) {
+                            on_completion(k, results[k]);
+                        }
+                    };
+                    scheduler.enqueue(std::move(request));
+                }
             }
             while (!scheduler.idle()) {
                 if (interrupt && interrupt()) {

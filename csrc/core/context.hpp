@@ -34,6 +34,15 @@ public:
     std::vector<Completion> generate(const std::vector<Prompt> & prompts, const GenerateParams & params,
                                      const std::function<bool()> & interrupt = {},
                                      const std::function<void(size_t, const Completion &)> & on_completion = {});
+    // The same with parameters per prompt: `params` holds one entry for every prompt, or
+    // one for all. A prompt with n > 1 gets n completions, sample j seeded seed + j; the
+    // result holds every prompt's samples in turn (prompt-major, sample order), and
+    // `on_completion` gets that flat index. The prompt is decoded once and its KV cache
+    // copied to its other samples (StepPolicy::share_samples). A seed of -1 is drawn once
+    // per entry of `params`: with one entry for all, every prompt gets the same seed.
+    std::vector<Completion> generate(const std::vector<Prompt> & prompts, const std::vector<GenerateParams> & params,
+                                     const std::function<bool()> & interrupt = {},
+                                     const std::function<void(size_t, const Completion &)> & on_completion = {});
 
     // Gives `body` a Scheduler over this context, with exclusive use of it until `body`
     // returns (the Engine's worker holds it for its whole life). Whatever the scheduler

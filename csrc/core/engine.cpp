@@ -126,6 +126,11 @@ bool Engine::has_room() const {
 
 std::shared_ptr<RequestHandle> Engine::submit(Prompt prompt, const GenerateParams & params, double timeout_s) {
     validate(params);
+    if (params.n != 1) {
+        // A request streams one text and completes with one result.
+        throw InvalidArgument("n=" + std::to_string(params.n) +
+                              ": an engine request is one sample; submit n requests with seeds seed + j instead");
+    }
     if (prompt.is_chat && !ctx_->model()->has_chat_template()) {
         throw InvalidArgument("model '" + ctx_->model()->path() + "' has no chat template; pass prompts as plain strings");
     }

@@ -100,6 +100,13 @@ void validate(const GenerateParams & p) {
             bad("stop strings must not be empty");
         }
     }
+    if (p.n < 1) {
+        bad("n (samples per prompt) must be >= 1, got " + std::to_string(p.n));
+    }
+    if (p.top_logprobs < 0 || p.top_logprobs > kMaxTopLogprobs) {
+        bad("top_logprobs must be in [0, " + std::to_string(kMaxTopLogprobs) + "], got " +
+            std::to_string(p.top_logprobs));
+    }
 }
 
 }  // namespace fastpar

@@ -69,7 +69,14 @@ struct GenerateParams {
     std::vector<std::string> stop;    // stop strings: the text ends before the first match
     bool ignore_eos = false;          // keep generating past end-of-generation tokens
     bool logprobs = false;            // also return each token's log-probability (samples on the host)
+    int32_t n = 1;                // samples per prompt: the prompt is decoded once, sample j seeded seed + j
+    int32_t top_logprobs = 0;     // 0..20: the k most likely tokens and their log-probabilities at each position
+    std::string json_schema;      // a JSON schema every output must validate against ("": none)
+    std::string grammar;          // a GBNF grammar every output must match ("": none)
 };
+
+// Most entries of GenerateParams::top_logprobs (as OpenAI's API allows).
+constexpr int32_t kMaxTopLogprobs = 20;
 
 enum class FinishReason : int32_t {
     Stop = 0,       // end-of-generation token or a stop string
@@ -92,11 +99,20 @@ struct Prompt {
     bool is_chat = false;
 };
 
+struct TopLogprob {
+    int32_t token = 0;
+    float logprob = 0.0f;
+    std::string text;  // the token's text, valid UTF-8 (a partial character becomes U+FFFD)
+};
+
 struct Completion {
     std::string text;                 // valid UTF-8 (invalid bytes replaced by U+FFFD)
     std::vector<int32_t> token_ids;   // generated tokens, end-of-generation token excluded
     std::vector<float> logprobs;      // with GenerateParams::logprobs: log p(token) under the model
                                       // (softmax of the raw logits), one per token_ids entry
+    // With GenerateParams::top_logprobs = k: for each token_ids entry, the k most likely
+    // tokens under the model (same log-probabilities as `logprobs`), most likely first.
+    std::vector<std::vector<TopLogprob>> top_logprobs;
     FinishReason finish_reason = FinishReason::Error;
     std::string error;                // empty unless finish_reason == Error
     int32_t n_prompt_tokens = 0;      // prompt tokens decoded for this prompt

@@ -14,11 +14,17 @@ size_t common_prefix(const std::vector<llama_token> & a, const std::vector<llama
 }
 
 PrefixSharing::PrefixSharing(size_t n_slots, size_t min_shared)
-    : n_slots_(n_slots), min_shared_(min_shared), common_(n_slots * n_slots, 0) {}
+    : n_slots_(n_slots), min_shared_(min_shared), common_(n_slots * n_slots, 0), samples_(n_slots * n_slots, 0) {}
 
 void PrefixSharing::pair_up(size_t a, const std::vector<llama_token> & prompt_a, size_t b,
-                            const std::vector<llama_token> & prompt_b) {
+                            const std::vector<llama_token> & prompt_b, bool samples) {
     common_[a * n_slots_ + b] = common_[b * n_slots_ + a] = common_prefix(prompt_a, prompt_b);
+    samples_[a * n_slots_ + b] = samples_[b * n_slots_ + a] = samples ? 1 : 0;
+}
+
+void PrefixSharing::unpair(size_t a, size_t b) {
+    common_[a * n_slots_ + b] = common_[b * n_slots_ + a] = 0;
+    samples_[a * n_slots_ + b] = samples_[b * n_slots_ + a] = 0;
 }
 
 void PrefixSharing::decide(std::vector<SharingSlot> & slots) const {
@@ -29,39 +35,47 @@ void PrefixSharing::decide(std::vector<SharingSlot> & slots) const {
     }
     for (size_t si = 0; si < slots.size(); ++si) {
         SharingSlot & s = slots[si];
-        if (!s.active || !s.prefilling() || s.prompt_size <= min_shared_) {
+        if (!s.active || !s.prefilling() || s.prompt_size < 2) {
             continue;
         }
         const size_t limit = s.prompt_size - 1;
         size_t best = s.n_fed;  // prompt positions s can hold after a copy now
         size_t donor = 0;
+        size_t donor_gain = 0;  // the least gain worth a copy from `donor`
         bool have_donor = false;
-        size_t later = 0;       // ... and after a slot ahead of it has decoded more
         for (size_t di = 0; di < slots.size(); ++di) {
+            const SharingSlot & d = slots[di];
+            if (di == si || !d.active || d.copied) {
+                continue;
+            }
+            const size_t c = std::min(common(si, di), limit);
+            if (c < min_gain(si, di)) {
+                continue;
+            }
+            const size_t have = std::min(c, d.n_fed);
+            if (have > best) {
+                best = have;
+                donor = di;
+                donor_gain = min_gain(si, di);
+                have_donor = true;
+            }
+        }
+        // Worth waiting for a slot ahead that is still decoding more of the prefix?
+        bool wait = false;
+        for (size_t di = 0; di < slots.size() && !wait; ++di) {
             const SharingSlot & d = slots[di];
             if (di == si || !d.active) {
                 continue;
             }
             const size_t c = std::min(common(si, di), limit);
-            if (c < min_shared_) {
-                continue;
-            }
-            const size_t have = std::min(c, d.n_fed);
-            if (!d.copied && have > best) {
-                best = have;
-                donor = di;
-                have_donor = true;
-            }
             const bool ahead = d.n_fed > s.n_fed || (d.n_fed == s.n_fed && di < si);
-            if (d.prefilling() && d.n_fed < c && ahead) {
-                later = std::max(later, c);
-            }
+            wait = d.prefilling() && d.n_fed < c && ahead && c >= best + min_gain(si, di);
         }
-        if (later >= best + min_shared_) {
+        if (wait) {
             s.waiting = true;
             continue;
         }
-        if (!have_donor || best < s.n_fed + min_shared_) {
+        if (!have_donor || best < s.n_fed + donor_gain) {
             continue;
         }
         s.copied = true;

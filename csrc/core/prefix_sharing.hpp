@@ -36,18 +36,22 @@ public:
     explicit PrefixSharing(size_t n_slots, size_t min_shared = static_cast<size_t>(kMinSharedPrefix));
 
     // Slot `a` took a new prompt: records what it has in common with active slot `b`'s.
+    // `samples`: both are samples of one prompt (GenerateParams::n > 1), which share
+    // whatever they have in common, from one position on: the prompt is decoded once.
     void pair_up(size_t a, const std::vector<llama_token> & prompt_a, size_t b,
-                 const std::vector<llama_token> & prompt_b);
+                 const std::vector<llama_token> & prompt_b, bool samples = false);
+    // Slot `a` took a new prompt that must not share with active slot `b`'s.
+    void unpair(size_t a, size_t b);
     size_t common(size_t a, size_t b) const { return common_[a * n_slots_ + b]; }
 
     // Sets waiting / copied / donor / n_fed of every slot for this step, in seq_id order
     // (a slot that copies is no donor this step). The rules:
     // - the whole donor sequence is copied and trimmed back (across the per-slot buffers
     //   of a non-unified cache only whole sequences can be copied), and only if it gains
-    //   at least min_shared positions;
+    //   at least min_shared positions (samples of one prompt: at least one);
     // - a slot whose prefix a slot "ahead" of it (more prompt decoded, or as much and a
-    //   lower seq_id) is still decoding waits for it, if it will gain min_shared more than
-    //   now; the slot furthest ahead always goes on, so the waits end;
+    //   lower seq_id) is still decoding waits for it, if it will gain min_shared (samples:
+    //   one) more than now; the slot furthest ahead always goes on, so the waits end;
     // - every slot decodes at least its last prompt token itself: its logits start its
     //   generation.
     // Copies commute (donors are never copied into this step), so the caller may make
@@ -55,9 +59,13 @@ public:
     void decide(std::vector<SharingSlot> & slots) const;
 
 private:
+    // Fewest positions worth a copy between slots a and b.
+    size_t min_gain(size_t a, size_t b) const { return samples_[a * n_slots_ + b] ? 1 : min_shared_; }
+
     size_t n_slots_;
     size_t min_shared_;
     std::vector<size_t> common_;  // [a * n_slots + b]
+    std::vector<char> samples_;   // [a * n_slots + b]: samples of one prompt
 };
 
 }  // namespace fastpar

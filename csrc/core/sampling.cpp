@@ -388,6 +388,38 @@ float token_logprob(const float * logits, int32_t n_vocab, llama_token token) {
     return static_cast<float>(static_cast<double>(logits[token] - max) - std::log(sum));
 }
 
+void top_logprobs(const float * logits, int32_t n_vocab, int32_t k, std::vector<std::pair<llama_token, float>> & out) {
+    out.clear();
+    k = std::min(k, n_vocab);
+    if (k <= 0) {
+        return;
+    }
+    // One pass keeps the k best in `out` (k <= kMaxTopLogprobs: insertion is cheap), and
+    // the row's maximum and log-sum-exp come from a second.
+    const auto better = [](const std::pair<llama_token, float> & a, const std::pair<llama_token, float> & b) {
+        return a.second > b.second || (a.second == b.second && a.first < b.first);
+    };
+    for (int32_t i = 0; i < n_vocab; ++i) {
+        const std::pair<llama_token, float> cand{i, logits[i]};
+        if (static_cast<int32_t>(out.size()) == k && !better(cand, out.back())) {
+            continue;
+        }
+        if (static_cast<int32_t>(out.size()) == k) {
+            out.pop_back();
+        }
+        out.insert(std::upper_bound(out.begin(), out.end(), cand, better), cand);
+    }
+    const float max = out.front().second;
+    double sum = 0.0;
+    for (int32_t i = 0; i < n_vocab; ++i) {
+        sum += std::exp(static_cast<double>(logits[i] - max));
+    }
+    const double log_sum = std::log(sum);
+    for (auto & e : out) {
+        e.second = static_cast<float>(static_cast<double>(e.second - max) - log_sum);
+    }
+}
+
 SamplerPtr make_sampler(const GenerateParams & p, uint32_t seed, int32_t n_vocab) {
     llama_sampler_chain_params cp = llama_sampler_chain_default_params();
     cp.no_perf = true;

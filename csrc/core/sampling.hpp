@@ -83,6 +83,9 @@ std::pair<std::vector<llama_token>, std::vector<llama_token>> sample_against_lla
 
 // log softmax(logits)[token], over the whole vocabulary.
 float token_logprob(const float * logits, int32_t n_vocab, llama_token token);
+// The k most likely tokens of a row of raw logits with their log-probabilities (log softmax
+// of the whole row, as token_logprob), most likely first; equal logits: lower id first.
+void top_logprobs(const float * logits, int32_t n_vocab, int32_t k, std::vector<std::pair<llama_token, float>> & out);
 
 // The seed every prompt of a call uses: params.seed, or one random draw when it is -1.
 uint32_t resolve_seed(const GenerateParams & params);

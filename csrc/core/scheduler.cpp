@@ -4,6 +4,7 @@
 #include <chrono>
 
 #include "core/errors.hpp"
+#include "core/text.hpp"
 #include "core/text_stream.hpp"
 
 namespace fastpar {
@@ -54,7 +55,8 @@ Scheduler::Scheduler(const Model & model, llama_context * ctx, llama_batch & bat
     : model_(model), ctx_(ctx), mem_(llama_get_memory(ctx)), batch_(batch), n_batch_(options.n_batch),
       n_ctx_seq_(options.n_ctx_seq), stats_(stats), pool_(options.pool), device_(options.device),
       policy_(options.policy), chooser_(options.pool, options.policy.split_rows),
-      sharing_(options.policy.share_prefixes ? static_cast<size_t>(options.n_parallel) : 0) {
+      sharing_(options.policy.share_prefixes || options.policy.share_samples ? static_cast<size_t>(options.n_parallel)
+                                                                              : 0) {
     const auto n_parallel = static_cast<size_t>(options.n_parallel);
     if (device_ != nullptr && device_->attached.size() < n_parallel) {
         throw Error("device sampling was set up for fewer slots than the scheduler has");
@@ -66,7 +68,7 @@ Scheduler::Scheduler(const Model & model, llama_context * ctx, llama_batch & bat
     }
     plan_slots_.resize(n_parallel);
     plan_.slots.reserve(n_parallel);
-    if (policy_.share_prefixes) {
+    if (policy_.share_prefixes || policy_.share_samples) {
         sharing_slots_.resize(n_parallel);
     }
 }
@@ -188,11 +190,18 @@ void Scheduler::admit() {
             slot.completion = Completion();
             slot.completion.t_queued_ms = ms_since(slot.request.t_submit);
             slot.active = true;
-            if (policy_.share_prefixes) {
+            if (policy_.share_prefixes || policy_.share_samples) {
                 for (auto & other : slots_) {
-                    if (other.get() != &slot && other->active) {
-                        sharing_.pair_up(static_cast<size_t>(slot.seq), slot.prompt, static_cast<size_t>(other->seq),
-                                         other->prompt);
+                    if (other.get() == &slot || !other->active) {
+                        continue;
+                    }
+                    const auto a = static_cast<size_t>(slot.seq), b = static_cast<size_t>(other->seq);
+                    const bool samples = policy_.share_samples && slot.request.group != 0 &&
+                                         slot.request.group == other->request.group;
+                    if (samples || policy_.share_prefixes) {
+                        sharing_.pair_up(a, slot.prompt, b, other->prompt, samples);
+                    } else {
+                        sharing_.unpair(a, b);
                     }
                 }
             }
@@ -206,7 +215,7 @@ void Scheduler::share_prefixes() {
     for (auto & sp : slots_) {
         sp->waiting = false;
     }
-    if (!policy_.share_prefixes) {
+    if (!policy_.share_prefixes && !policy_.share_samples) {
         return;
     }
     for (size_t i = 0; i < slots_.size(); ++i) {
@@ -397,6 +406,7 @@ void Scheduler::sample(const std::vector<Slot *> & slots) {
     const auto t0 = Clock::now();
     std::vector<llama_token> tokens(slots.size(), LLAMA_TOKEN_NULL);
     std::vector<float> logprobs(slots.size(), 0.0f);
+    std::vector<std::vector<std::pair<llama_token, float>>> tops(slots.size());
     std::vector<LogitRow> rows(slots.size());
     // Where each slot's logits are: read on this thread (llama.cpp's accessors are not
     // thread-safe), sampled below on the pool.
@@ -424,15 +434,19 @@ void Scheduler::sample(const std::vector<Slot *> & slots) {
         if (params.logprobs) {  // never a device row (LogitReducer::serves)
             logprobs[i] = token_logprob(rows[i].logits, n_vocab, tokens[i]);
         }
+        if (params.top_logprobs > 0) {  // never a device row either
+            top_logprobs(rows[i].logits, n_vocab, params.top_logprobs, tops[i]);
+        }
     };
     chooser_.choose(rows, work, [&](size_t i) -> const GenerateParams & { return *slots[i]->request.params; }, pick);
     stats_.t_sample_ms += ms_since(t0);
     for (size_t i = 0; i < slots.size(); ++i) {
-        accept_token(*slots[i], tokens[i], logprobs[i]);
+        accept_token(*slots[i], tokens[i], logprobs[i], tops[i]);
     }
 }
 
-void Scheduler::accept_token(Slot & s, llama_token token, float logprob) {
+void Scheduler::accept_token(Slot & s, llama_token token, float logprob,
+                             std::vector<std::pair<llama_token, float>> & top) {
     const GenerateParams & params = *s.request.params;
     if (!params.ignore_eos && llama_vocab_is_eog(model_.vocab(), token)) {
         finish(s, FinishReason::Stop);
@@ -444,6 +458,14 @@ void Scheduler::accept_token(Slot & s, llama_token token, float logprob) {
     s.completion.token_ids.push_back(token);
     if (params.logprobs) {
         s.completion.logprobs.push_back(logprob);
+    }
+    if (params.top_logprobs > 0) {
+        std::vector<TopLogprob> entries;
+        entries.reserve(top.size());
+        for (const auto & [id, lp] : top) {
+            entries.push_back(TopLogprob{id, lp, utf8_sanitize(model_.token_piece(id))});
+        }
+        s.completion.top_logprobs.push_back(std::move(entries));
     }
     ++stats_.n_gen_tokens;
     if (s.text.append(model_.token_piece(token), params.stop)) {

@@ -31,6 +31,9 @@ struct Request {
     Prompt prompt;
     std::shared_ptr<const GenerateParams> params;
     uint32_t seed = 0;                           // resolved sampler seed
+    // Samples of one prompt (GenerateParams::n > 1) carry the same nonzero group: they
+    // copy the prompt's KV cache from one another (StepPolicy::share_samples). 0 = none.
+    uint64_t group = 0;
     std::function<void(Completion &&)> on_done;  // called once, on the scheduler's thread
     std::function<void()> on_start;              // optional: called when it gets a slot
     // Optional: called with each new piece of text (valid UTF-8, never the start of a
@@ -106,7 +109,7 @@ private:
     void emit_text(Slot & slot);
     void decode_group(std::vector<Slot *> group);
     void sample(const std::vector<Slot *> & slots);
-    void accept_token(Slot & slot, llama_token token, float logprob);
+    void accept_token(Slot & slot, llama_token token, float logprob, std::vector<std::pair<llama_token, float>> & top);
     void finish(Slot & slot, FinishReason reason, const std::string & error = std::string());
 
     const Model & model_;
@@ -120,7 +123,7 @@ private:
     DeviceSampling * device_;
     StepPolicy policy_;
     TokenChooser chooser_;
-    PrefixSharing sharing_;  // for no slot unless policy_.share_prefixes
+    PrefixSharing sharing_;  // for no slot unless policy_.share_prefixes or share_samples
     std::vector<SharingSlot> sharing_slots_;  // reused each step
     std::vector<SlotState> plan_slots_;       // reused each step
     StepPlan plan_;                           // reused each step

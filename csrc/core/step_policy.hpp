@@ -41,6 +41,9 @@ struct StepPolicy {
     // Prompts that start alike copy the common prefix from one another's KV cache
     // (prefix_sharing.hpp): asked for, more than one slot, and a cache copyable by position.
     bool share_prefixes = false;
+    // Samples of one prompt (GenerateParams::n > 1) copy the prompt's KV cache from one
+    // another whatever share_prefixes says: more than one slot, a cache copyable by position.
+    bool share_samples = false;
 };
 
 // The policy of a context: `output_on_gpu` (Model::output_on_gpu), `kv_unified` (one KV
@@ -59,6 +62,7 @@ inline StepPolicy resolve_step_policy(bool output_on_gpu, bool kv_unified, bool 
     // of the next step's sampling. On a CPU they would take cores from llama.cpp's threads.
     policy.pool = output_on_gpu ? TaskPool::Options::for_gpu_output() : TaskPool::Options{};
     policy.share_prefixes = share_prefixes && n_parallel > 1 && memory_copies_by_position;
+    policy.share_samples = n_parallel > 1 && memory_copies_by_position;
     return policy;
 }
 

@@ -19,7 +19,8 @@ namespace {
 constexpr auto kSignalPollInterval = std::chrono::milliseconds(50);
 
 std::vector<Completion> generate(Context & ctx, const std::vector<PromptIn> & prompts_in,
-                                 const GenerateParams & params, const std::optional<py::function> & on_completion) {
+                                 const std::vector<GenerateParams> & params,
+                                 const std::optional<py::function> & on_completion) {
     std::vector<Prompt> prompts;
     prompts.reserve(prompts_in.size());
     for (const auto & in : prompts_in) {
@@ -96,12 +97,31 @@ void register_generate(py::module_ & m) {
         .def_readwrite("seed", &GenerateParams::seed)
         .def_readwrite("stop", &GenerateParams::stop)
         .def_readwrite("ignore_eos", &GenerateParams::ignore_eos)
-        .def_readwrite("logprobs", &GenerateParams::logprobs);
+        .def_readwrite("logprobs", &GenerateParams::logprobs)
+        .def_readwrite("n", &GenerateParams::n)
+        .def_readwrite("top_logprobs", &GenerateParams::top_logprobs)
+        .def_readwrite("json_schema", &GenerateParams::json_schema)
+        .def_readwrite("grammar", &GenerateParams::grammar)
+        .def("validate", [](const GenerateParams & p) { validate(p); },
+             "Raises ValueError naming the first option out of range.");
+    m.attr("MAX_TOP_LOGPROBS") = kMaxTopLogprobs;
 
     auto completion = py::class_<Completion>(m, "Completion", "The answer to one prompt.")
         .def_readonly("text", &Completion::text)
         .def_readonly("token_ids", &Completion::token_ids)
         .def_readonly("logprobs", &Completion::logprobs)
+        .def_property_readonly("top_logprobs",
+                               [](const Completion & c) {
+                                   py::list out;
+                                   for (const auto & position : c.top_logprobs) {
+                                       py::list entries;
+                                       for (const auto & e : position) {
+                                           entries.append(py::make_tuple(e.token, e.text, e.logprob));
+                                       }
+                                       out.append(std::move(entries));
+                                   }
+                                   return out;
+                               })
         .def_property_readonly("finish_reason", [](const Completion & c) { return finish_reason_name(c.finish_reason); })
         .def_property_readonly("error", [](const Completion & c) -> py::object {
             return c.finish_reason == FinishReason::Error ? py::object(py::str(c.error)) : py::object(py::none());
@@ -115,7 +135,7 @@ void register_generate(py::module_ & m) {
     def_record(completion, "Completion",
                {"finish_reason", "error", "n_prompt_tokens", "n_prompt_tokens_shared", "n_gen_tokens", "t_total_ms",
                 "text"},
-               {"text", "token_ids", "logprobs", "finish_reason", "error", "n_prompt_tokens", "n_prompt_tokens_shared",
+               {"text", "token_ids", "logprobs", "top_logprobs", "finish_reason", "error", "n_prompt_tokens", "n_prompt_tokens_shared",
                 "n_gen_tokens", "t_queued_ms", "t_first_token_ms", "t_total_ms"});
 
     auto stats = py::class_<Stats>(m, "Stats", "Statistics of one generate call.")
@@ -146,8 +166,9 @@ void register_generate(py::module_ & m) {
         .def(py::init<std::shared_ptr<const Model>, const ContextParams &>(), py::arg("model"), py::arg("params"),
              py::call_guard<py::gil_scoped_release>())
         .def("generate", &generate, py::arg("prompts"), py::arg("params"), py::arg("on_completion") = py::none(),
-             "Run every prompt (str, or list of ChatMessage) to completion; results in input order.\n"
-             "on_completion(index, completion) is called as each prompt finishes.")
+             "Run every prompt (str, or list of ChatMessage) to completion with params (one GenerateParams\n"
+             "for all, or one per prompt); results in input order, a prompt's n samples in turn.\n"
+             "on_completion(index, completion) is called as each finishes, with its index in the results.")
         .def_property_readonly("last_stats", &Context::last_stats)
         .def("seq_pos_max", &Context::seq_pos_max, "llama_memory_seq_pos_max of every slot (-1 = empty).")
         .def_property_readonly("n_ctx_per_seq", &Context::n_ctx_per_seq)

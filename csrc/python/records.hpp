@@ -12,8 +12,8 @@ namespace fastpar::python {
 // A text longer than this shows its beginning and "..." in a repr.
 constexpr size_t kReprText = 60;
 
-// {name: value} of every field: only str, int, float, bool, None and lists of numbers, so
-// that json.dumps takes it as it is.
+// {name: value} of every field: only str, int, float, bool, None, and lists of these or of
+// tuples of these, so that json.dumps takes it as it is.
 inline pybind11::dict record_dict(pybind11::handle self, const std::vector<const char *> & fields) {
     pybind11::dict d;
     for (const char * f : fields) {

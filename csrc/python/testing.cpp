@@ -102,7 +102,8 @@ void register_prefix_sharing(py::module_ & m) {
         .def_readonly("donor", &SharingSlot::donor);
     py::class_<PrefixSharing>(m, "PrefixSharing", "core/prefix_sharing.hpp's decisions, without a KV cache.")
         .def(py::init<size_t, size_t>(), py::arg("n_slots"), py::arg("min_shared") = static_cast<size_t>(kMinSharedPrefix))
-        .def("pair_up", &PrefixSharing::pair_up, py::arg("a"), py::arg("prompt_a"), py::arg("b"), py::arg("prompt_b"))
+        .def("pair_up", &PrefixSharing::pair_up, py::arg("a"), py::arg("prompt_a"), py::arg("b"), py::arg("prompt_b"),
+             py::arg("samples") = false)
         .def("common", &PrefixSharing::common, py::arg("a"), py::arg("b"))
         .def(
             "decide",

@@ -7,7 +7,7 @@
         print(c.finish_reason, c.text)
 """
 
-from ._api import Context, Model, generate_parallel
+from ._api import Context, Model, SamplingParams, generate_parallel
 from ._core import Completion, EngineClosed, EngineStats, FastparError, ModelLoadError, QueueFull, Stats
 from ._engine import Engine, Request
 from ._core import backend as _backend
@@ -25,6 +25,7 @@ __all__ = [
     "ModelLoadError",
     "QueueFull",
     "Request",
+    "SamplingParams",
     "Stats",
     "__version__",
     "backend",

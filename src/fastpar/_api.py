@@ -6,16 +6,18 @@ source of truth; nothing here retypes a default value.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import inspect
+import json
 import math
 import os
 from collections.abc import Mapping, Sequence
-from typing import Any, Callable, Dict, List, Optional, Union
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 from . import _core
 
-__all__ = ["Model", "Context", "generate_parallel", "Prompt"]
+__all__ = ["Model", "Context", "SamplingParams", "generate_parallel", "Prompt"]
 
 _MODEL_DEFAULTS = _core.ModelParams()
 _CONTEXT_DEFAULTS = _core.ContextParams()
@@ -264,6 +266,10 @@ _OPTIONS = {
     "stop": (None, Union[None, str, Sequence[str]]),
     "ignore_eos": (_GENERATE_DEFAULTS.ignore_eos, bool),
     "logprobs": (_GENERATE_DEFAULTS.logprobs, bool),
+    "top_logprobs": (_GENERATE_DEFAULTS.top_logprobs, int),
+    "n": (_GENERATE_DEFAULTS.n, int),
+    "json_schema": (None, Union[None, str, Mapping[str, Any]]),
+    "grammar": (None, Optional[str]),
 }
 
 
@@ -278,52 +284,156 @@ def _with_options(func: Callable) -> Callable:
     return func
 
 
-def _generate_params(call: str, options: Dict[str, Any]) -> _core.GenerateParams:
-    """The generation options, checked, as the core's struct (shared by every entry point).
-    ``call`` names the public function in errors."""
+def _check_names(call: str, options: Dict[str, Any]) -> None:
     unknown = [name for name in options if name not in _OPTIONS]
     if unknown:
         name = unknown[0]
         close = difflib.get_close_matches(name, _OPTIONS, n=1)
         hint = f"; did you mean '{close[0]}'?" if close else f"; the options are {', '.join(_OPTIONS)}"
         raise TypeError(f"{call}() got an unexpected keyword argument '{name}'{hint}")
-    o = {name: options.get(name, default) for name, (default, _) in _OPTIONS.items()}
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    """Every generation option of one prompt, checked once, immutable (``dataclasses.replace``
+    makes a changed copy). Defaults come from the core's ``GenerateParams``.
+
+    ``max_tokens``, ``temperature`` (0 = greedy), ``top_k``, ``top_p``, ``min_p``,
+    ``repeat_penalty``, ``presence_penalty``, ``frequency_penalty``, ``repeat_last_n``,
+    ``seed`` (None = random), ``stop`` (a str or a sequence of str; kept as a tuple),
+    ``ignore_eos``, ``logprobs`` (each generated token's log-probability),
+    ``top_logprobs`` (0-20: the k most likely tokens at each generated position),
+    ``n`` (samples of the prompt: decoded once, sample j seeded ``seed + j``),
+    ``json_schema`` (a dict or a JSON string, kept as JSON text: every output validates
+    against it) and ``grammar`` (GBNF text every output matches); not both.
+
+    Raises ``TypeError`` for a wrong type and ``ValueError`` for a value out of range, here.
+    """
+
+    max_tokens: int = _OPTIONS["max_tokens"][0]
+    temperature: float = _OPTIONS["temperature"][0]
+    top_k: int = _OPTIONS["top_k"][0]
+    top_p: float = _OPTIONS["top_p"][0]
+    min_p: float = _OPTIONS["min_p"][0]
+    repeat_penalty: float = _OPTIONS["repeat_penalty"][0]
+    presence_penalty: float = _OPTIONS["presence_penalty"][0]
+    frequency_penalty: float = _OPTIONS["frequency_penalty"][0]
+    repeat_last_n: int = _OPTIONS["repeat_last_n"][0]
+    seed: Optional[int] = None
+    stop: Union[None, str, Tuple[str, ...]] = None
+    ignore_eos: bool = _OPTIONS["ignore_eos"][0]
+    logprobs: bool = _OPTIONS["logprobs"][0]
+    top_logprobs: int = _OPTIONS["top_logprobs"][0]
+    n: int = _OPTIONS["n"][0]
+    json_schema: Optional[str] = None
+    grammar: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        stop = self.stop
+        if stop is not None and not isinstance(stop, str):
+            if not isinstance(stop, Sequence) or not all(isinstance(x, str) for x in stop):
+                raise TypeError("stop must be a str or a list of str")
+            object.__setattr__(self, "stop", tuple(stop))
+        schema = self.json_schema
+        if schema is not None:
+            if isinstance(schema, Mapping):
+                try:
+                    schema = json.dumps(schema)
+                except (TypeError, ValueError) as e:
+                    raise TypeError(f"json_schema is not JSON-serialisable: {e}") from None
+            elif isinstance(schema, str):
+                try:
+                    json.loads(schema)
+                except ValueError as e:
+                    raise ValueError(f"json_schema is not valid JSON: {e}") from None
+            else:
+                raise TypeError(f"json_schema must be a dict or a JSON str, got {type(schema).__name__}")
+            object.__setattr__(self, "json_schema", schema)
+        if self.grammar is not None:
+            if not isinstance(self.grammar, str):
+                raise TypeError(f"grammar must be a str of GBNF or None, got {type(self.grammar).__name__}")
+            if not self.grammar.strip():
+                raise ValueError("grammar is empty; pass None for no grammar")
+        if self.json_schema is not None and self.grammar is not None:
+            raise ValueError("json_schema and grammar were both given; a prompt takes one constraint")
+        object.__setattr__(self, "_params", _to_core(self))
+
+    @classmethod
+    def _from_options(cls, call: str, options: Dict[str, Any]) -> "SamplingParams":
+        _check_names(call, options)
+        return cls(**options)
+
+
+def _to_core(sp: SamplingParams) -> _core.GenerateParams:
     params = _core.GenerateParams()
-    params.max_tokens = _int("max_tokens", o["max_tokens"])
-    params.temperature = _float("temperature", o["temperature"])
-    params.top_k = _int("top_k", o["top_k"])
-    params.top_p = _float("top_p", o["top_p"])
-    params.min_p = _float("min_p", o["min_p"])
-    params.repeat_penalty = _float("repeat_penalty", o["repeat_penalty"])
-    params.presence_penalty = _float("presence_penalty", o["presence_penalty"])
-    params.frequency_penalty = _float("frequency_penalty", o["frequency_penalty"])
-    params.repeat_last_n = _int("repeat_last_n", o["repeat_last_n"])
-    seed = o["seed"]
-    if seed is not None:
-        seed = _int("seed", seed)
+    params.max_tokens = _int("max_tokens", sp.max_tokens)
+    params.temperature = _float("temperature", sp.temperature)
+    params.top_k = _int("top_k", sp.top_k)
+    params.top_p = _float("top_p", sp.top_p)
+    params.min_p = _float("min_p", sp.min_p)
+    params.repeat_penalty = _float("repeat_penalty", sp.repeat_penalty)
+    params.presence_penalty = _float("presence_penalty", sp.presence_penalty)
+    params.frequency_penalty = _float("frequency_penalty", sp.frequency_penalty)
+    params.repeat_last_n = _int("repeat_last_n", sp.repeat_last_n)
+    if sp.seed is not None:
+        seed = _int("seed", sp.seed)
         if not 0 <= seed < 2**32:
             raise ValueError(f"seed must be in [0, 2**32) or None, got {seed}")
         params.seed = seed
-    stop = o["stop"]
-    if stop is not None:
-        stops = [stop] if isinstance(stop, str) else stop
-        if not isinstance(stops, Sequence) or not all(isinstance(s, str) for s in stops):
-            raise TypeError("stop must be a str or a list of str")
+    if sp.stop is not None:
+        stops = [sp.stop] if isinstance(sp.stop, str) else sp.stop
         params.stop = [_text(s, "stop") for s in stops]
-    params.ignore_eos = _bool("ignore_eos", o["ignore_eos"])
-    params.logprobs = _bool("logprobs", o["logprobs"])
+    params.ignore_eos = _bool("ignore_eos", sp.ignore_eos)
+    params.logprobs = _bool("logprobs", sp.logprobs)
+    params.top_logprobs = _int("top_logprobs", sp.top_logprobs)
+    params.n = _int("n", sp.n)
+    if sp.json_schema is not None:
+        params.json_schema = _text(sp.json_schema, "json_schema")
+    if sp.grammar is not None:
+        params.grammar = _text(sp.grammar, "grammar")
+    params.validate()  # ranges, from the core: ValueError naming the option
     return params
+
+
+def _generate_params(call: str, options: Dict[str, Any]) -> _core.GenerateParams:
+    """The generation options, checked, as the core's struct (shared by every entry point).
+    ``call`` names the public function in errors."""
+    return SamplingParams._from_options(call, options)._params
+
+
+def _params_list(call: str, params: object, options: Dict[str, Any], n_prompts: int) -> List[SamplingParams]:
+    """``params`` (one SamplingParams, one per prompt, or None) or the keyword options, as
+    a list of one entry for all prompts or one per prompt."""
+    if params is None:
+        return [SamplingParams._from_options(call, options)]
+    if options:
+        raise TypeError(f"{call}() takes params= or keyword options, not both (got params and "
+                        f"{', '.join(repr(k) for k in options)}); use dataclasses.replace(params, ...)")
+    if isinstance(params, SamplingParams):
+        return [params]
+    if isinstance(params, (str, bytes, Mapping)) or not isinstance(params, Sequence):
+        raise TypeError(f"params must be a fastpar.SamplingParams or a sequence of them, one per prompt, "
+                        f"got {type(params).__name__}")
+    out = list(params)
+    for i, p in enumerate(out):
+        if not isinstance(p, SamplingParams):
+            raise TypeError(f"params[{i}] must be a fastpar.SamplingParams, got {type(p).__name__}")
+    if len(out) != n_prompts:
+        raise ValueError(f"params holds {len(out)} SamplingParams for {n_prompts} prompts; "
+                         "pass one per prompt, or a single SamplingParams for all")
+    return out
 
 
 @_with_options
 def generate_parallel(
     ctx: Context,
     prompts: Sequence[Prompt],
+    params: Union[None, SamplingParams, Sequence[SamplingParams]] = None,
     *,
     progress: bool = False,
-    on_completion: Optional[Callable[[int, _core.Completion], None]] = None,
+    on_completion: Optional[Callable[[int, Any], None]] = None,
     **generation_params,
-) -> List[_core.Completion]:
+) -> Union[List[_core.Completion], List[List[_core.Completion]]]:
     """Generate a completion for every prompt in one unified batch; results in input order.
 
     ``prompts`` is a sequence (list, tuple, 1-D numpy array, ...); a prompt is a ``str``
@@ -333,19 +443,27 @@ def generate_parallel(
     on its batch-mates. More prompts than ``ctx.n_parallel`` are queued and fill slots
     as they free up.
 
-    Generation options (keyword only; defaults from the core's ``GenerateParams``):
-    ``max_tokens``, ``temperature`` (0 = greedy), ``top_k``, ``top_p``, ``min_p``,
-    ``repeat_penalty``, ``presence_penalty``, ``frequency_penalty``, ``repeat_last_n``,
-    ``seed`` (None = random; every prompt's sampler gets the same seed, so a prompt's
-    output does not depend on its position), ``stop`` (a str or list of str; the text
-    ends before the first match), ``ignore_eos``, ``logprobs`` (True: each completion's
-    ``logprobs`` holds every generated token's log-probability under the model, the log
-    softmax of its raw logits before any sampler; those prompts sample on the host).
+    ``params``: one ``fastpar.SamplingParams`` for every prompt, or a sequence of them,
+    one per prompt (same length as ``prompts``: else ``ValueError``). The keyword options
+    are shorthand for one ``SamplingParams`` (``max_tokens``, ``temperature`` (0 =
+    greedy), ``top_k``, ``top_p``, ``min_p``, ``repeat_penalty``, ``presence_penalty``,
+    ``frequency_penalty``, ``repeat_last_n``, ``seed``, ``stop``, ``ignore_eos``,
+    ``logprobs``, ``top_logprobs``, ``n``, ``json_schema``, ``grammar``; defaults from the
+    core's ``GenerateParams``); ``params`` and keyword options together are a
+    ``TypeError``. ``seed=None`` draws one random seed per ``SamplingParams`` given: with
+    one for all prompts, every prompt gets the same seed (so a prompt's output does not
+    depend on its position).
+
+    Returns a list of ``Completion``, one per prompt. If any prompt has ``n > 1``, it
+    returns a list of lists instead: one list per prompt, holding its ``n`` samples in
+    order (sample j was seeded ``seed + j``; a prompt with ``n == 1`` gets a list of one).
 
     ``progress=True`` shows a progress bar (prompts done; at the end, the call's generated tokens
     per second, ``last_stats.gen_tokens_per_s``);
-    ``on_completion(index, completion)`` is called as each prompt finishes, on the
-    calling thread. An exception from it cancels the rest of the call and propagates.
+    ``on_completion(index, result)`` is called as each prompt finishes, on the calling
+    thread, with what the returned list holds at ``index`` (a ``Completion``, or the list
+    of its samples once all have finished). An exception from it cancels the rest of the
+    call and propagates.
 
     A prompt that cannot be served (too long for ``n_ctx_per_seq``, empty after
     tokenization, ...) gets ``finish_reason == "error"`` and a message in ``error``;
@@ -357,27 +475,56 @@ def generate_parallel(
     if not isinstance(ctx, Context):
         raise TypeError(f"ctx must be a fastpar.Context, got {type(ctx).__name__}")
     converted = _prompts(prompts)
-    params = _generate_params("generate_parallel", generation_params)
+    plist = _params_list("generate_parallel", params, generation_params, len(converted))
     if on_completion is not None and not callable(on_completion):
         raise TypeError("on_completion must be callable")
-    if not progress:
-        return ctx._ctx.generate(converted, params, on_completion)
-    return _generate_with_progress(ctx, converted, params, on_completion)
+    core_params = [p._params for p in plist]
+    counts = [plist[0 if len(plist) == 1 else i].n for i in range(len(converted))]
+    if all(n == 1 for n in counts):
+        if not progress:
+            return ctx._ctx.generate(converted, core_params, on_completion)
+        return _generate_with_progress(ctx, converted, core_params, on_completion)
+
+    # n > 1 somewhere: the core returns every sample flat, prompt after prompt; group them
+    # per prompt, and call back once a prompt's samples are all in.
+    owner = [i for i, n in enumerate(counts) for _ in range(n)]
+    first = [0] * len(counts)
+    for i in range(1, len(counts)):
+        first[i] = first[i - 1] + counts[i - 1]
+    samples: List[List[Any]] = [[None] * n for n in counts]
+    left = list(counts)
+
+    def collect(k: int, completion: _core.Completion) -> None:
+        i = owner[k]
+        samples[i][k - first[i]] = completion
+        left[i] -= 1
+        if left[i] == 0 and on_completion is not None:
+            on_completion(i, list(samples[i]))
+
+    if progress:
+        flat = _generate_with_progress(ctx, converted, core_params, collect, total=len(converted),
+                                       count=lambda k: left[owner[k]] == 0)
+    else:
+        flat = ctx._ctx.generate(converted, core_params, collect)
+    return [flat[first[i]:first[i] + counts[i]] for i in range(len(counts))]
 
 
-def _generate_with_progress(ctx: Context, prompts: list, params: _core.GenerateParams,
-                            on_completion: Optional[Callable[[int, _core.Completion], None]]):
+def _generate_with_progress(ctx: Context, prompts: list, params: List[_core.GenerateParams],
+                            on_completion: Optional[Callable[[int, _core.Completion], None]],
+                            total: Optional[int] = None, count: Optional[Callable[[int], bool]] = None):
     from tqdm.auto import tqdm
 
     # The bar counts prompts as they finish; the rate it ends with is the call's own
     # ``last_stats.gen_tokens_per_s`` (generated tokens per second of generation steps),
     # known only once the call is done: a rate over wall time would count prompt
     # processing and the wait for the first completions, and disagree with the stats.
-    with tqdm(total=len(prompts), unit="prompt", desc="fastpar") as bar:
+    # With samples (n > 1), `count(k)` says whether result k finished its prompt.
+    with tqdm(total=len(prompts) if total is None else total, unit="prompt", desc="fastpar") as bar:
         def update(i: int, completion: _core.Completion) -> None:
-            bar.update(1)
             if on_completion is not None:
                 on_completion(i, completion)
+            if count is None or count(i):
+                bar.update(1)
 
         results = ctx._ctx.generate(prompts, params, update)
         bar.set_postfix_str(f"{ctx.last_stats.gen_tokens_per_s:.1f} gen tok/s")

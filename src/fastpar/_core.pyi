@@ -1,6 +1,6 @@
 """Type stub of fastpar's native module (csrc/python)."""
 
-from typing import List, Union
+from typing import List, Tuple, Union
 
 from typing import Any, Callable, Dict, Optional
 
@@ -46,7 +46,14 @@ class GenerateParams:
     stop: List[str]
     ignore_eos: bool
     logprobs: bool
+    n: int
+    top_logprobs: int
+    json_schema: str
+    grammar: str
     def __init__(self) -> None: ...
+    def validate(self) -> None: ...
+
+MAX_TOP_LOGPROBS: int
 
 class ChatMessage:
     def __init__(self, role: str, content: str) -> None: ...
@@ -77,6 +84,8 @@ class Completion:
     def token_ids(self) -> List[int]: ...
     @property
     def logprobs(self) -> List[float]: ...
+    @property
+    def top_logprobs(self) -> List[List[Tuple[int, str, float]]]: ...
     @property
     def finish_reason(self) -> str: ...
     @property
@@ -134,7 +143,7 @@ class Stats:
 
 class Context:
     def __init__(self, model: Model, params: ContextParams) -> None: ...
-    def generate(self, prompts: List[Union[str, List[ChatMessage]]], params: GenerateParams,
+    def generate(self, prompts: List[Union[str, List[ChatMessage]]], params: List[GenerateParams],
                  on_completion: Optional[Callable[[int, Completion], None]] = None) -> List[Completion]: ...
     @property
     def last_stats(self) -> Stats: ...

@@ -10,7 +10,7 @@ import asyncio
 from typing import AsyncIterator, Iterator, List, Optional
 
 from . import _core
-from ._api import _CONTEXT_DEFAULTS, Model, Prompt, _context_params, _generate_params, _prompt, _with_options
+from ._api import _CONTEXT_DEFAULTS, Model, Prompt, SamplingParams, _context_params, _params_list, _prompt, _with_options
 
 __all__ = ["Engine", "Request"]
 
@@ -90,10 +90,12 @@ class Engine:
     # -- submitting ---------------------------------------------------------------------
 
     @_with_options
-    def submit(self, prompt: Prompt, *, block: bool = False, timeout: Optional[float] = None,
-               **options) -> Request:
-        """Queue one prompt (a ``str`` or chat messages) with ``generate_parallel``'s
-        keyword options; returns at once. When every slot is taken and ``max_queued``
+    def submit(self, prompt: Prompt, params: Optional[SamplingParams] = None, *, block: bool = False,
+               timeout: Optional[float] = None, **options) -> Request:
+        """Queue one prompt (a ``str`` or chat messages) with one ``fastpar.SamplingParams``
+        or ``generate_parallel``'s keyword options (not both: ``TypeError``); returns at
+        once. A request is one sample: ``n`` other than 1 is a ``ValueError`` (submit n
+        requests with seeds ``seed + j`` instead). When every slot is taken and ``max_queued``
         requests wait, raises ``fastpar.QueueFull``; with ``block=True`` it first waits up
         to ``timeout`` seconds (None: for ever) for room (``timeout`` counts only with
         ``block=True``, as in ``queue.Queue.put``). Raises ``fastpar.EngineClosed`` after
@@ -106,23 +108,25 @@ class Engine:
             if not timeout >= 0:
                 raise ValueError(f"timeout must be >= 0 seconds or None, got {timeout}")
         wait = (None if timeout is None else float(timeout)) if block else 0.0
-        return Request(self._engine.submit(_prompt(prompt, "prompt"), _generate_params("Engine.submit", options), wait))
+        return Request(self._engine.submit(_prompt(prompt, "prompt"), _request_params("Engine.submit", params, options),
+                                           wait))
 
     @_with_options
-    def generate(self, prompt: Prompt, **options) -> _core.Completion:
-        """``submit(prompt, **options).result()``."""
-        return self._submit(prompt, "Engine.generate", options).result()
+    def generate(self, prompt: Prompt, params: Optional[SamplingParams] = None, **options) -> _core.Completion:
+        """``submit(prompt, params, **options).result()``."""
+        return self._submit(prompt, "Engine.generate", params, options).result()
 
-    def _submit(self, prompt: Prompt, call: str, options: dict) -> Request:
-        return Request(self._engine.submit(_prompt(prompt, "prompt"), _generate_params(call, options), 0.0))
+    def _submit(self, prompt: Prompt, call: str, params: Optional[SamplingParams], options: dict) -> Request:
+        return Request(self._engine.submit(_prompt(prompt, "prompt"), _request_params(call, params, options), 0.0))
 
     @_with_options
-    async def agenerate(self, prompt: Prompt, **options) -> _core.Completion:
+    async def agenerate(self, prompt: Prompt, params: Optional[SamplingParams] = None,
+                        **options) -> _core.Completion:
         """Await one completion without blocking the event loop. Cancelling the awaiting
         task cancels the request."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future = loop.create_future()
-        request = self._submit(prompt, "Engine.agenerate", options)
+        request = self._submit(prompt, "Engine.agenerate", params, options)
 
         def on_update() -> None:  # on the engine's thread
             if request.done():
@@ -136,12 +140,13 @@ class Engine:
                 request.cancel()
 
     @_with_options
-    async def astream(self, prompt: Prompt, **options) -> AsyncIterator[str]:
+    async def astream(self, prompt: Prompt, params: Optional[SamplingParams] = None,
+                      **options) -> AsyncIterator[str]:
         """Yield text pieces as they are generated, without blocking the event loop.
         Leaving the loop early cancels the request."""
         loop = asyncio.get_running_loop()
         wakeup = asyncio.Event()
-        request = self._submit(prompt, "Engine.astream", options)
+        request = self._submit(prompt, "Engine.astream", params, options)
         request._handle.set_listener(lambda: loop.call_soon_threadsafe(wakeup.set))
         try:
             while True:
@@ -184,6 +189,16 @@ class Engine:
         engine = getattr(self, "_engine", None)
         if engine is not None:
             engine.close()
+
+
+def _request_params(call: str, params: Optional[SamplingParams], options: dict) -> _core.GenerateParams:
+    if params is not None and not isinstance(params, SamplingParams):
+        raise TypeError(f"params must be a fastpar.SamplingParams, got {type(params).__name__}")
+    (sp,) = _params_list(call, params, options, 1)
+    if sp.n != 1:
+        raise ValueError(f"{call}(): n={sp.n}, but a request is one sample (one stream, one result); "
+                         "submit n requests with seeds seed + j, or use generate_parallel")
+    return sp._params
 
 
 def _resolve(future: asyncio.Future, request: Request) -> None:

@@ -1,0 +1,124 @@
+/* Exercises fastpar_generate from plain C: parameters per prompt, n samples, chat-message
+ * prompts, top log-probabilities and argument errors. Prints "capi-gen: ..." lines the
+ * pytest driver compares with Python; exits non-zero on failure. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fastpar.h"
+
+#define CHECK(cond, ...)                                                  \
+    do {                                                                  \
+        if (!(cond)) {                                                    \
+            fprintf(stderr, "capi-gen FAIL line %d: ", __LINE__);        \
+            fprintf(stderr, __VA_ARGS__);                                 \
+            fprintf(stderr, " (last error: %s)\n", fastpar_last_error()); \
+            return 1;                                                     \
+        }                                                                 \
+    } while (0)
+
+int main(int argc, char ** argv) {
+    CHECK(argc == 2, "usage: capi_generate MODEL.gguf");
+    fastpar_model * model = NULL;
+    fastpar_context * ctx = NULL;
+    fastpar_context_params cp = fastpar_context_default_params();
+    cp.n_parallel = 4;
+    cp.n_ctx_per_seq = 256;
+    CHECK(fastpar_model_load(argv[1], fastpar_model_default_params(), &model) == FASTPAR_OK, "load");
+    CHECK(fastpar_context_new(model, cp, &ctx) == FASTPAR_OK, "context");
+
+    const fastpar_message chat[] = {{"user", "What is the capital of France?"}};
+    const fastpar_prompt prompts[3] = {
+        {"The capital of France is", NULL, 0},
+        {NULL, chat, 1},
+        {"Write one sentence about the weather:", NULL, 0},
+    };
+    fastpar_generate_params params[3];
+    for (int i = 0; i < 3; ++i) {
+        params[i] = fastpar_generate_default_params();
+        params[i].max_tokens = 8;
+        params[i].temperature = 0.0f;
+    }
+    CHECK(params[0].n == 1 && params[0].top_logprobs == 0 && params[0].json_schema == NULL && params[0].grammar == NULL,
+          "defaults");
+    params[0].top_logprobs = 3;
+    params[0].logprobs = true;
+    params[2].n = 3;
+    params[2].temperature = 1.0f;
+    params[2].seed = 7;
+
+    fastpar_completion * results = NULL;
+    int32_t n_results = -1;
+    CHECK(fastpar_generate(ctx, prompts, 3, params, 3, &results, &n_results) == FASTPAR_OK, "generate");
+    CHECK(n_results == 5, "1 + 1 + 3 completions, got %d", n_results);
+    for (int32_t k = 0; k < n_results; ++k) {
+        const fastpar_completion * c = &results[k];
+        CHECK(c->finish_reason != FASTPAR_FINISH_ERROR, "result %d ok", k);
+        printf("capi-gen: result %d tokens", k);
+        for (int32_t t = 0; t < c->n_gen_tokens; ++t) {
+            printf(" %d", c->token_ids[t]);
+        }
+        printf("|\n");
+    }
+    const fastpar_completion * c0 = &results[0];
+    CHECK(c0->n_top_logprobs == 3 && c0->top_logprob_ids != NULL && c0->top_logprob_values != NULL, "top logprobs");
+    for (int32_t t = 0; t < c0->n_gen_tokens; ++t) {
+        const int32_t * ids = c0->top_logprob_ids + t * 3;
+        const float * values = c0->top_logprob_values + t * 3;
+        CHECK(ids[0] == c0->token_ids[t], "greedy token first at %d", t);
+        CHECK(values[0] == c0->logprobs[t], "same value as logprobs at %d", t);
+        CHECK(values[0] >= values[1] && values[1] >= values[2], "sorted at %d", t);
+    }
+    CHECK(results[1].n_top_logprobs == 0 && results[1].top_logprob_ids == NULL, "no top logprobs unasked");
+    fastpar_stats stats;
+    CHECK(fastpar_context_last_stats(ctx, &stats) == FASTPAR_OK && stats.n_prompts == 3, "stats");
+    printf("capi-gen: shared %d %d\n", results[3].n_prompt_tokens_shared, results[4].n_prompt_tokens_shared);
+    fastpar_results_free(results, n_results);
+
+    /* One params struct for every prompt, and NULL for the defaults. */
+    params[2].n = 2;
+    CHECK(fastpar_generate(ctx, prompts, 2, &params[2], 1, &results, &n_results) == FASTPAR_OK && n_results == 4,
+          "one params for all");
+    fastpar_results_free(results, n_results);
+    CHECK(fastpar_generate(ctx, prompts, 0, NULL, 0, &results, &n_results) == FASTPAR_OK && results == NULL &&
+              n_results == 0,
+          "no prompts");
+
+    /* Errors: nothing allocated, a message. */
+    results = NULL;
+    CHECK(fastpar_generate(ctx, prompts, 3, params, 2, &results, &n_results) == FASTPAR_ERR_INVALID_ARGUMENT &&
+              results == NULL,
+          "n_params must match");
+    CHECK(fastpar_generate(ctx, prompts, 3, params, 3, &results, NULL) == FASTPAR_ERR_INVALID_ARGUMENT, "NULL count");
+    const fastpar_prompt both = {"text", chat, 1};
+    CHECK(fastpar_generate(ctx, &both, 1, NULL, 0, &results, &n_results) == FASTPAR_ERR_INVALID_ARGUMENT, "both");
+    const fastpar_prompt neither = {NULL, NULL, 0};
+    CHECK(fastpar_generate(ctx, &neither, 1, NULL, 0, &results, &n_results) == FASTPAR_ERR_INVALID_ARGUMENT, "none");
+    const fastpar_message bad_chat[] = {{"user", NULL}};
+    const fastpar_prompt bad = {NULL, bad_chat, 1};
+    CHECK(fastpar_generate(ctx, &bad, 1, NULL, 0, &results, &n_results) == FASTPAR_ERR_INVALID_ARGUMENT, "NULL content");
+    fastpar_generate_params bad_gp = fastpar_generate_default_params();
+    bad_gp.top_logprobs = 21;
+    CHECK(fastpar_generate(ctx, prompts, 1, &bad_gp, 1, &results, &n_results) == FASTPAR_ERR_INVALID_ARGUMENT &&
+              strstr(fastpar_last_error(), "top_logprobs") != NULL,
+          "top_logprobs 21");
+    bad_gp = fastpar_generate_default_params();
+    bad_gp.n = 0;
+    CHECK(fastpar_generate(ctx, prompts, 1, &bad_gp, 1, &results, &n_results) == FASTPAR_ERR_INVALID_ARGUMENT, "n 0");
+    bad_gp.n = 2;
+    const char * const text[] = {"x"};
+    CHECK(fastpar_generate_parallel(ctx, text, 1, bad_gp, &results) == FASTPAR_ERR_INVALID_ARGUMENT &&
+              strstr(fastpar_last_error(), "fastpar_generate") != NULL,
+          "generate_parallel refuses n > 1");
+    bad_gp = fastpar_generate_default_params();
+    bad_gp.json_schema = "{\"type\": \"string\"}";
+    bad_gp.grammar = "root ::= \"a\"";
+    CHECK(fastpar_generate(ctx, prompts, 1, &bad_gp, 1, &results, &n_results) == FASTPAR_ERR_INVALID_ARGUMENT,
+          "schema and grammar");
+    CHECK(results == NULL, "nothing allocated on errors");
+
+    fastpar_context_free(ctx);
+    fastpar_model_free(model);
+    printf("capi-gen: ok\n");
+    return 0;
+}
