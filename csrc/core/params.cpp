@@ -4,6 +4,7 @@
 #include <string>
 
 #include "core/errors.hpp"
+#include "core/structured.hpp"
 
 namespace fastpar {
 namespace {
@@ -99,6 +100,12 @@ void validate(const GenerateParams & p) {
         if (s.empty()) {
             bad("stop strings must not be empty");
         }
+    }
+    if (!p.json_schema.empty() && !p.grammar.empty()) {
+        bad("json_schema and grammar are two ways to constrain the output: give one of them");
+    }
+    if (!p.json_schema.empty()) {
+        validate_json_schema(p.json_schema);  // a GBNF grammar is compiled per prompt, where it may fail alone
     }
 }
 

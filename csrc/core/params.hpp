@@ -69,6 +69,10 @@ struct GenerateParams {
     std::vector<std::string> stop;    // stop strings: the text ends before the first match
     bool ignore_eos = false;          // keep generating past end-of-generation tokens
     bool logprobs = false;            // also return each token's log-probability (samples on the host)
+    int32_t n = 1;                // samples per prompt: the prompt is decoded once, sample j seeded seed + j
+    int32_t top_logprobs = 0;     // 0..20: the k most likely tokens and their log-probabilities at each position
+    std::string json_schema;      // a JSON schema every output must validate against ("": none)
+    std::string grammar;          // a GBNF grammar every output must match ("": none)
 };
 
 enum class FinishReason : int32_t {

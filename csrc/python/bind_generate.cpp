@@ -96,7 +96,9 @@ void register_generate(py::module_ & m) {
         .def_readwrite("seed", &GenerateParams::seed)
         .def_readwrite("stop", &GenerateParams::stop)
         .def_readwrite("ignore_eos", &GenerateParams::ignore_eos)
-        .def_readwrite("logprobs", &GenerateParams::logprobs);
+        .def_readwrite("logprobs", &GenerateParams::logprobs)
+        .def_readwrite("json_schema", &GenerateParams::json_schema)
+        .def_readwrite("grammar", &GenerateParams::grammar);
 
     auto completion = py::class_<Completion>(m, "Completion", "The answer to one prompt.")
         .def_readonly("text", &Completion::text)

@@ -46,6 +46,8 @@ class GenerateParams:
     stop: List[str]
     ignore_eos: bool
     logprobs: bool
+    json_schema: str
+    grammar: str
     def __init__(self) -> None: ...
 
 class ChatMessage:
