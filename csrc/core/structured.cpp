@@ -53,11 +53,9 @@ bool has_type(const json & node, const char * name) {
 // Checks one schema node and its children, and rewrites what the converter would
 // otherwise drop into what it enforces: a bounded "number" becomes an integer in the
 // bounds (the converter bounds integers only).
-void check_node(json & node, const std::string & path, const std::string & (*grammar_of)(const std::string &),
-                const std::string & any_string);
+void check_node(json & node, const std::string & path);
 
-void check_children(json & node, const std::string & path, const std::string & (*grammar_of)(const std::string &),
-                    const std::string & any_string) {
+void check_children(json & node, const std::string & path) {
     for (const char * key : {"properties", "$defs", "definitions"}) {
         if (node.contains(key)) {
             json & m = node[key];
@@ -65,7 +63,7 @@ void check_children(json & node, const std::string & path, const std::string & (
                 unsupported(std::string("'") + key + "' that is not an object", path);
             }
             for (auto it = m.begin(); it != m.end(); ++it) {
-                check_node(it.value(), path + "/" + key + "/" + it.key(), grammar_of, any_string);
+                check_node(it.value(), path + "/" + key + "/" + it.key());
             }
         }
     }
@@ -76,19 +74,21 @@ void check_children(json & node, const std::string & path, const std::string & (
         json & v = node[key];
         if (v.is_array()) {
             for (size_t i = 0; i < v.size(); ++i) {
-                check_node(v[i], path + "/" + key + "/" + std::to_string(i), grammar_of, any_string);
+                check_node(v[i], path + "/" + key + "/" + std::to_string(i));
             }
         } else {
-            check_node(v, path + "/" + key, grammar_of, any_string);
+            check_node(v, path + "/" + key);
         }
     }
     if (node.contains("additionalProperties") && node["additionalProperties"].is_object()) {
-        check_node(node["additionalProperties"], path + "/additionalProperties", grammar_of, any_string);
+        check_node(node["additionalProperties"], path + "/additionalProperties");
     }
 }
 
-void check_node(json & node, const std::string & path, const std::string & (*grammar_of)(const std::string &),
-                const std::string & any_string) {
+// The converter alone (no checks).
+std::string convert_raw(const std::string & text) { return json_schema_to_grammar(common_json::parse(text)); }
+
+void check_node(json & node, const std::string & path) {
     if (node.is_boolean()) {
         unsupported("a boolean schema", path);
     }
@@ -153,8 +153,14 @@ void check_node(json & node, const std::string & path, const std::string & (*gra
         if (!pattern.is_string()) {
             unsupported("a 'pattern' that is not a string", path);
         }
-        json alone = {{"type", "string"}, {"pattern", pattern}};
-        if (grammar_of(alone.dump()) == any_string) {
+        const std::string p = pattern.get<std::string>();
+        if (p.size() < 2 || p.front() != '^' || p.back() != '$') {
+            unsupported("pattern " + pattern.dump() + " (anchor it with ^ and $)", path);
+        }
+        // What the converter makes of a pattern it cannot enforce (an unanchored one).
+        static const std::string any_string = convert_raw("{\"type\":\"string\",\"pattern\":\"unanchored\"}");
+        const json alone = {{"type", "string"}, {"pattern", pattern}};
+        if (convert_raw(alone.dump()) == any_string) {
             unsupported("pattern " + pattern.dump() + " (anchor it with ^ and $, and use the common regex subset)",
                         path);
         }
@@ -173,7 +179,7 @@ void check_node(json & node, const std::string & path, const std::string & (*gra
             }
         }
     }
-    check_children(node, path, grammar_of, any_string);
+    check_children(node, path);
 }
 
 // Conversions by schema text, for every call and thread (the converter is stateless).
@@ -186,21 +192,11 @@ std::mutex g_mutex;
 std::unordered_map<std::string, Converted> g_converted;
 constexpr size_t kMaxConverted = 256;  // schemas kept; the cache starts over past this
 
-// The converter alone (no checks), for patterns checked on their own.
-const std::string & convert_raw(const std::string & text) {
-    thread_local std::string out;
-    out = json_schema_to_grammar(common_json::parse(text));
-    return out;
-}
-
 Converted convert(const std::string & schema) {
     Converted c;
     try {
         json root = json::parse(schema);
-        // What the converter makes of a pattern it cannot enforce (an unanchored one).
-        static const std::string any_string =
-            json_schema_to_grammar(common_json::parse("{\"type\":\"string\",\"pattern\":\"x\"}"));
-        check_node(root, "#", convert_raw, any_string);
+        check_node(root, "#");
         c.grammar = json_schema_to_grammar(common_json::parse(root.dump()));
     } catch (const InvalidArgument & e) {
         c.error = e.what();
