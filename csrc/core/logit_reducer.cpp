@@ -52,7 +52,8 @@ bool reducer_backend_init(llama_sampler *, ggml_backend_buffer_type_t, uint32_t)
 int32_t LogitReducer::block_for(int32_t n_vocab) { return block_width(n_vocab, kTopBlocks); }
 
 bool LogitReducer::serves(const GenerateParams & p) {
-    if (has_penalties(p) || p.logprobs || p.top_logprobs > 0) {
+    // A grammar's mask may allow none of the candidates: constrained rows come whole.
+    if (has_penalties(p) || p.logprobs || p.top_logprobs > 0 || !p.json_schema.empty() || !p.grammar.empty()) {
         return false;
     }
     return p.temperature <= 0.0f || (p.top_k > 0 && p.top_k <= kTopBlocks);

@@ -52,7 +52,8 @@ public:
     static int32_t block_for(int32_t n_vocab);
     // Whether the chain make_sampler builds for `params` can start from the candidates:
     // greedy or top-k (1..kTopBlocks), no penalties (they change logits outside the
-    // candidates), and no logprobs or top_logprobs (they need the whole row).
+    // candidates), no logprobs or top_logprobs (they need the whole row), and no json_schema
+    // or grammar (the tokens the grammar allows may all lie outside the candidates).
     static bool serves(const GenerateParams & params);
 
     // n_vocab must have a block (block_for > 0); n_seq is the number of slots.

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "core/errors.hpp"
+#include "core/structured.hpp"
 
 namespace fastpar {
 namespace {
@@ -106,6 +107,12 @@ void validate(const GenerateParams & p) {
     if (p.top_logprobs < 0 || p.top_logprobs > kMaxTopLogprobs) {
         bad("top_logprobs must be in [0, " + std::to_string(kMaxTopLogprobs) + "], got " +
             std::to_string(p.top_logprobs));
+    }
+    if (!p.json_schema.empty() && !p.grammar.empty()) {
+        bad("json_schema and grammar are two ways to constrain the output: give one of them");
+    }
+    if (!p.json_schema.empty()) {
+        validate_json_schema(p.json_schema);  // a GBNF grammar is compiled per prompt, where it may fail alone
     }
 }
 

@@ -207,26 +207,30 @@ bool better(const llama_token_data & a, const llama_token_data & b) {
 }
 
 // Runs the chain over candidates `cur` (best first when `sorted`), accepts and returns its choice.
-llama_token apply_chain(llama_sampler * chain, std::vector<llama_token_data> & cur, bool sorted) {
+llama_token apply_chain(llama_sampler * chain, std::vector<llama_token_data> & cur, bool sorted, bool accept = true) {
     llama_token_data_array cur_p = {cur.data(), cur.size(), -1, sorted};
     llama_sampler_apply(chain, &cur_p);
     if (cur_p.selected < 0 || cur_p.selected >= static_cast<int64_t>(cur_p.size)) {
         throw Error("the sampler chain selected no token");
     }
     const llama_token token = cur_p.data[cur_p.selected].id;
-    llama_sampler_accept(chain, token);
+    if (accept) {
+        llama_sampler_accept(chain, token);
+    }
     return token;
 }
 
 }  // namespace
 
 llama_token sample_logits(llama_sampler * chain, const GenerateParams & p, const LogitRow & row,
-                          std::vector<llama_token_data> & cur) {
+                          std::vector<llama_token_data> & cur, bool accept) {
     const bool penalties = has_penalties(p);
     const float * x = row.logits;
     if (!penalties && p.temperature <= 0.0f) {
         const llama_token best = argmax(row);
-        llama_sampler_accept(chain, best);
+        if (accept) {
+            llama_sampler_accept(chain, best);
+        }
         return best;
     }
     bool sorted = false;
@@ -262,7 +266,7 @@ llama_token sample_logits(llama_sampler * chain, const GenerateParams & p, const
             for (int32_t j = 0; j < row.n && cur.size() < k; ++j) {
                 cur.push_back(llama_token_data{row.id(j), x[j], 0.0f});
             }
-            return apply_chain(chain, cur, false);
+            return apply_chain(chain, cur, false, accept);
         }
         if (cur.size() > k) {
             std::nth_element(cur.begin(), cur.begin() + static_cast<std::ptrdiff_t>(k - 1), cur.end(), better);
@@ -278,7 +282,7 @@ llama_token sample_logits(llama_sampler * chain, const GenerateParams & p, const
     } else {
         throw Error("this sampler chain needs the whole row of logits, not the device's candidates");
     }
-    return apply_chain(chain, cur, sorted);
+    return apply_chain(chain, cur, sorted, accept);
 }
 
 bool splits(const GenerateParams & p, const LogitRow & row) {

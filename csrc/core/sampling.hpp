@@ -47,9 +47,10 @@ struct LogitRow {
 // gets only the k best candidates, found in one pass; ties go to the lower token id, as
 // in llama.cpp's samplers. A row of device-sampling blocks takes only those two kinds of
 // chain (LogitReducer::serves) and gives the token the whole row would. Safe to call for
-// different chains on different threads at once.
+// different chains on different threads at once. With `accept` false the chain is not
+// told its choice (structured output checks it against a grammar first).
 llama_token sample_logits(llama_sampler * chain, const GenerateParams & params, const LogitRow & row,
-                          std::vector<llama_token_data> & cur);
+                          std::vector<llama_token_data> & cur, bool accept = true);
 
 // Whether sample_logits reads every logit of `row` with the chain `params` builds in a first
 // pass (the row's block maxima) that choose_split can spread over threads: a whole row of

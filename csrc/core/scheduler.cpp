@@ -38,6 +38,7 @@ struct Scheduler::Slot {
     llama_pos n_past = 0;      // positions of this sequence in the KV cache
     llama_token pending = -1;  // sampled token still to be fed
     SamplerPtr sampler;        // this request's chain (it always runs on the host)
+    SamplerPtr grammar;        // its json_schema or grammar constraint, or null
     bool on_device = false;    // its logits are cut down on the device (DeviceSampling)
     bool waiting = false;      // this step: leaves its prefix to a slot that decodes it first
     TextStream text;           // its text, streamed or not
@@ -54,7 +55,7 @@ Scheduler::Scheduler(const Model & model, llama_context * ctx, llama_batch & bat
                      Stats & stats)
     : model_(model), ctx_(ctx), mem_(llama_get_memory(ctx)), batch_(batch), n_batch_(options.n_batch),
       n_ctx_seq_(options.n_ctx_seq), stats_(stats), pool_(options.pool), device_(options.device),
-      policy_(options.policy), chooser_(options.pool, options.policy.split_rows),
+      policy_(options.policy), chooser_(options.pool, options.policy.split_rows), grammars_(model.vocab()),
       sharing_(options.policy.share_prefixes || options.policy.share_samples ? static_cast<size_t>(options.n_parallel)
                                                                               : 0) {
     const auto n_parallel = static_cast<size_t>(options.n_parallel);
@@ -173,11 +174,23 @@ void Scheduler::admit() {
                 complete_unstarted(request, FinishReason::Length, "");
                 continue;
             }
+            SamplerPtr grammar;
+            if (constrained(params)) {
+                try {
+                    grammar = grammars_.make(params);
+                } catch (const std::exception & e) {
+                    // This prompt only; never generated without its constraint.
+                    ++stats_.n_failed;
+                    complete_unstarted(request, FinishReason::Error, e.what());
+                    continue;
+                }
+            }
             // Defensive: the slot's sequence must be empty before it is reused.
             if (llama_memory_seq_pos_max(mem_, slot.seq) >= 0) {
                 llama_memory_seq_rm(mem_, slot.seq, -1, -1);
             }
             choose_sampler(slot, params, request.seed);
+            slot.grammar = std::move(grammar);
             if (request.on_start) {
                 request.on_start();
             }
@@ -407,6 +420,7 @@ void Scheduler::sample(const std::vector<Slot *> & slots) {
     std::vector<llama_token> tokens(slots.size(), LLAMA_TOKEN_NULL);
     std::vector<float> logprobs(slots.size(), 0.0f);
     std::vector<std::vector<std::pair<llama_token, float>>> tops(slots.size());
+    std::vector<std::string> failed(slots.size());  // a constraint's failure, per slot
     std::vector<LogitRow> rows(slots.size());
     // Where each slot's logits are: read on this thread (llama.cpp's accessors are not
     // thread-safe), sampled below on the pool.
@@ -430,7 +444,16 @@ void Scheduler::sample(const std::vector<Slot *> & slots) {
     const auto pick = [&](size_t i) {
         thread_local std::vector<llama_token_data> cur;
         const GenerateParams & params = *slots[i]->request.params;
-        tokens[i] = sample_logits(slots[i]->sampler.get(), params, rows[i], cur);
+        if (slots[i]->grammar) {
+            try {
+                tokens[i] = sample_constrained(slots[i]->sampler.get(), slots[i]->grammar.get(), params, rows[i], cur);
+            } catch (const GrammarDeadEnd & e) {
+                failed[i] = e.what();
+                return;
+            }
+        } else {
+            tokens[i] = sample_logits(slots[i]->sampler.get(), params, rows[i], cur);
+        }
         if (params.logprobs) {  // never a device row (LogitReducer::serves)
             logprobs[i] = token_logprob(rows[i].logits, n_vocab, tokens[i]);
         }
@@ -441,7 +464,11 @@ void Scheduler::sample(const std::vector<Slot *> & slots) {
     chooser_.choose(rows, work, [&](size_t i) -> const GenerateParams & { return *slots[i]->request.params; }, pick);
     stats_.t_sample_ms += ms_since(t0);
     for (size_t i = 0; i < slots.size(); ++i) {
-        accept_token(*slots[i], tokens[i], logprobs[i], tops[i]);
+        if (!failed[i].empty()) {
+            finish(*slots[i], FinishReason::Error, failed[i]);
+        } else {
+            accept_token(*slots[i], tokens[i], logprobs[i], tops[i]);
+        }
     }
 }
 
@@ -493,6 +520,7 @@ void Scheduler::emit_text(Slot & s) {
 void Scheduler::finish(Slot & s, FinishReason reason, const std::string & error) {
     llama_memory_seq_rm(mem_, s.seq, -1, -1);
     s.sampler.reset();  // an attached reducer chain stays, for the slot's next request
+    s.grammar.reset();
     s.on_device = false;
     s.active = false;
     s.prompt.clear();

@@ -20,6 +20,7 @@
 #include "core/sampling.hpp"
 #include "core/step_plan.hpp"
 #include "core/step_policy.hpp"
+#include "core/structured.hpp"
 #include "core/token_chooser.hpp"
 #include "llama.h"
 
@@ -123,6 +124,7 @@ private:
     DeviceSampling * device_;
     StepPolicy policy_;
     TokenChooser chooser_;
+    GrammarCache grammars_;  // json_schema and grammar constraints, compiled once each
     PrefixSharing sharing_;  // for no slot unless policy_.share_prefixes or share_samples
     std::vector<SharingSlot> sharing_slots_;  // reused each step
     std::vector<SlotState> plan_slots_;       // reused each step

@@ -20,6 +20,9 @@
 #include "core/sampling.hpp"
 #include "core/step_plan.hpp"
 #include "core/step_policy.hpp"
+#include "core/logit_reducer.hpp"
+#include "core/model.hpp"
+#include "core/structured.hpp"
 #include "core/text_stream.hpp"
 #include "core/token_chooser.hpp"
 
@@ -238,6 +241,23 @@ PYBIND11_MODULE(_testing, m) {
         py::arg("split_rows") = 0, py::arg("pool_workers") = 0,
         "Tokens fastpar's host sampling picks next to those llama.cpp's own chain picks "
         "(core/sampling.hpp, sample_against_llama).");
+    m.def("device_serves", &LogitReducer::serves, py::arg("params"),
+          "Whether device sampling may cut this request's rows down (LogitReducer::serves).");
+    m.def(
+        "measure_grammar",
+        [](const std::shared_ptr<Model> & model, const GenerateParams & params, const std::vector<llama_token> & tokens) {
+            const GrammarCosts c = measure_grammar(model->vocab(), params, tokens);
+            py::dict d;
+            d["convert_ms"] = c.convert_ms;
+            d["compile_ms"] = c.compile_ms;
+            d["clone_ms"] = c.clone_ms;
+            d["mask_ms"] = c.mask_ms;
+            d["check_ms"] = c.check_ms;
+            d["n_allowed_first"] = c.n_allowed_first;
+            return d;
+        },
+        py::arg("model"), py::arg("params"), py::arg("tokens"),
+        "What a json_schema or grammar constraint costs (core/structured.hpp, measure_grammar).");
     m.def("stress_task_pool", &fastpar::python::stress_task_pool, py::call_guard<py::gil_scoped_release>(), py::arg("n_workers"),
           py::arg("runs"), py::arg("caller_spin_us") = 0, py::arg("anticipate_us") = 0,
           "Runs that broke the sampling pool's contract (testing.cpp, stress_task_pool).");

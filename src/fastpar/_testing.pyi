@@ -2,7 +2,7 @@
 
 from typing import Dict, List, Sequence, Tuple, Union
 
-from ._core import Engine, GenerateParams
+from ._core import Engine, GenerateParams, Model
 
 MAX_PADDED_GAP_GPU: int
 STREAMING_DECODE_WAITS: int
@@ -81,6 +81,8 @@ def sample_against_llama(
     split_rows: int = 0,
     pool_workers: int = 0,
 ) -> Tuple[List[int], List[int]]: ...
+def device_serves(params: GenerateParams) -> bool: ...
+def measure_grammar(model: Model, params: GenerateParams, tokens: List[int]) -> Dict[str, float]: ...
 def stress_task_pool(n_workers: int, runs: int, caller_spin_us: int = 0, anticipate_us: int = 0) -> int: ...
 
 def fail_engine_worker(engine: Engine, message: str) -> None: ...

@@ -1,0 +1,128 @@
+#!/usr/bin/env python3
+"""Structured output against the same prompts unconstrained, in one run.
+
+32 extraction prompts (chat), one 5-field JSON schema (a string enum, an integer with
+bounds, a string with maxLength, a boolean, an array of strings), the default model on the
+CPU at 8 and 32 slots; generation tokens/s constrained over unconstrained (bar: >= 0.8).
+Each slot count runs unconstrained, constrained, unconstrained, constrained and keeps each
+kind's better run. Also what the constraint costs alone (fastpar._testing.measure_grammar).
+
+    python bench/bench_structured.py [--out bench/results/cpu-x86_64-2core-structured.json]
+    python bench/bench_structured.py --gpu --model SPEED_MODEL.gguf --slots 256 --prompts 1024
+    python bench/bench_structured.py --fuzz 1000     # random schemas and grammars, one process
+
+--gpu offloads every layer (bar: >= 0.7 at 256 slots with the speed model; its text is
+noise, so most tokens take the grammar's mask, the worst case).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import platform
+import subprocess
+import sys
+import time
+
+import fastpar
+from fastpar import _core, _testing
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "category": {"type": "string", "enum": ["bug", "feature", "question"]},
+        "priority": {"type": "integer", "minimum": 1, "maximum": 5},
+        "summary": {"type": "string", "maxLength": 40},
+        "urgent": {"type": "boolean"},
+        "tags": {"type": "array", "items": {"type": "string", "maxLength": 12}, "maxItems": 3},
+    },
+    "required": ["category", "priority", "summary", "urgent", "tags"],
+}
+TICKETS = ["the app crashes when I click save", "please add a dark mode", "how do I export my data?",
+           "login fails with a 500 error", "the search is slow on large folders", "can I share a board?",
+           "typo on the pricing page", "support for two-factor sign-in"]
+
+
+def prompts(n: int):
+    return [[_core.ChatMessage("user", f"Ticket #{i}: {TICKETS[i % len(TICKETS)]}. "
+                                       "Answer with the ticket's category, priority, summary, urgency and tags as JSON.")]
+            for i in range(n)]
+
+
+def run(ctx, ps, p):
+    t0 = time.perf_counter()
+    out = ctx._ctx.generate(ps, p, None)
+    wall = time.perf_counter() - t0
+    s = ctx.last_stats
+    return {"gen_tokens": s.n_gen_tokens, "gen_tokens_per_s": round(s.gen_tokens_per_s(), 1),
+            "wall_s": round(wall, 2), "sample_ms": round(s.t_sample_ms, 1),
+            "errors": sum(c.finish_reason == "error" for c in out),
+            "stopped": sum(c.finish_reason == "stop" for c in out)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--gpu", action="store_true", help="every layer on the GPU")
+    ap.add_argument("--model", default=None, help="GGUF (default: the default model)")
+    ap.add_argument("--slots", default=None, help="comma-separated slot counts (default 8,32; --gpu 256)")
+    ap.add_argument("--prompts", type=int, default=32)
+    ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--out", default=None, help="write the results as JSON here")
+    ap.add_argument("--fuzz", type=int, default=0, help="instead: this many random schemas and grammars")
+    args = ap.parse_args()
+
+    if args.fuzz:
+        script = ROOT / "tests" / "structured_fuzz.py"
+        t0 = time.perf_counter()
+        r = subprocess.run([sys.executable, str(script), "20240", str(args.fuzz), "24"], capture_output=True, text=True)
+        print(f"fuzz: {args.fuzz} cases, exit status {r.returncode}, {time.perf_counter() - t0:.0f} s")
+        print(r.stdout.strip())
+        if r.returncode != 0:
+            print(r.stderr[-3000:])
+        return r.returncode
+
+    model = fastpar.Model(args.model or fastpar.default_model_path(), n_gpu_layers=-1 if args.gpu else 0)
+    slots = [int(s) for s in (args.slots or ("256" if args.gpu else "8,32")).split(",")]
+    ps = prompts(args.prompts)
+    plain = _core.GenerateParams()
+    plain.max_tokens, plain.temperature, plain.seed = args.max_tokens, 0.0, 1
+    if args.gpu:
+        plain.ignore_eos = True  # the speed model's text is noise
+    constrained = _core.GenerateParams()
+    for name in ("max_tokens", "temperature", "seed", "ignore_eos"):
+        setattr(constrained, name, getattr(plain, name))
+    constrained.ignore_eos = False  # a finished grammar allows only the end
+    constrained.json_schema = json.dumps(SCHEMA)
+
+    sample = model._model.tokenize('{"category": "bug", "priority": 2, "summary": "app crashes on save", '
+                                   '"urgent": true, "tags": ["crash", "save"]}')
+    costs = _testing.measure_grammar(model._model, constrained, sample)
+    results = {"what": "structured output: 5-field JSON schema vs the same prompts unconstrained",
+               "machine": f"{platform.machine()}, {os.cpu_count()} cores", "gpu": args.gpu,
+               "model": os.path.basename(args.model or fastpar.default_model_path()),
+               "n_vocab": model._model.n_vocab(), "prompts": args.prompts, "max_tokens": args.max_tokens,
+               "grammar_costs_ms": {k: round(v, 4) for k, v in costs.items()}, "runs": []}
+    print("grammar costs:", results["grammar_costs_ms"])
+    for n in slots:
+        ctx = fastpar.Context(model, n_parallel=n, n_ctx_per_seq=512)
+        run(ctx, ps[: min(n, len(ps))], plain)  # warm-up
+        best = {}
+        for kind, p in [("unconstrained", plain), ("constrained", constrained)] * 2:
+            r = run(ctx, ps, p)
+            if kind not in best or r["gen_tokens_per_s"] > best[kind]["gen_tokens_per_s"]:
+                best[kind] = r
+        ratio = best["constrained"]["gen_tokens_per_s"] / best["unconstrained"]["gen_tokens_per_s"]
+        row = {"slots": n, **best, "ratio": round(ratio, 3)}
+        results["runs"].append(row)
+        print(json.dumps(row))
+    if args.out:
+        pathlib.Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
