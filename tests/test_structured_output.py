@@ -50,7 +50,7 @@ def test_schema_outputs_validate(ctx):
     prompts = [chat(f"Ticket: {TICKETS[i % len(TICKETS)]} (#{i}). Answer with the ticket's fields as JSON.")
                for i in range(32)]
     p = params(max_tokens=160, temperature=0.7, seed=7, json_schema=json.dumps(TICKET_SCHEMA))
-    out = ctx._ctx.generate(prompts, p, None)
+    out = ctx._ctx.generate(prompts, [p], None)
     assert len(out) == 32
     for c in out:
         assert c.finish_reason == "stop", (c.finish_reason, c.text, c.error)
@@ -62,13 +62,13 @@ def test_enum_classification(ctx):
     schema = {"enum": labels}
     reviews = ["I love it", "Terrible, broke in a day", "It is a phone", "Best purchase ever", "Meh"] * 2
     p = params(max_tokens=16, temperature=1.0, seed=3, json_schema=json.dumps(schema))
-    out = ctx._ctx.generate([chat(f"Sentiment of: {r}") for r in reviews], p, None)
+    out = ctx._ctx.generate([chat(f"Sentiment of: {r}") for r in reviews], [p], None)
     assert all(c.finish_reason == "stop" and json.loads(c.text) in labels for c in out), [c.text for c in out]
 
 
 def test_grammar_yes_no(ctx):
     p = params(max_tokens=8, temperature=1.0, seed=11, grammar='root ::= "yes" | "no"')
-    out = ctx._ctx.generate([chat(q) for q in ["Is the sky blue?", "Is fire cold?", "Is 2 > 1?"] * 3], p, None)
+    out = ctx._ctx.generate([chat(q) for q in ["Is the sky blue?", "Is fire cold?", "Is 2 > 1?"] * 3], [p], None)
     assert all(c.finish_reason == "stop" and c.text in ("yes", "no") for c in out), [c.text for c in out]
 
 
@@ -95,14 +95,14 @@ def test_invalid_grammar_fails_alone(model):
 ])
 def test_unsupported_schema_feature_raises(ctx, schema, named):
     with pytest.raises(ValueError, match=named):
-        ctx._ctx.generate(["x"], params(json_schema=json.dumps(schema)), None)
+        ctx._ctx.generate(["x"], [params(json_schema=json.dumps(schema))], None)
 
 
 def test_schema_not_json_and_both_constraints_raise(ctx):
     with pytest.raises(ValueError, match="not valid JSON"):
-        ctx._ctx.generate(["x"], params(json_schema="{nope"), None)
+        ctx._ctx.generate(["x"], [params(json_schema="{nope")], None)
     with pytest.raises(ValueError, match="give one of them"):
-        ctx._ctx.generate(["x"], params(json_schema='{"type":"string"}', grammar='root ::= "a"'), None)
+        ctx._ctx.generate(["x"], [params(json_schema='{"type":"string"}', grammar='root ::= "a"')], None)
 
 
 def test_dead_end_errors_that_prompt_only(model):
@@ -120,7 +120,7 @@ def test_bounded_number_stays_in_bounds(ctx):
     schema = {"type": "object", "properties": {"t": {"type": "number", "minimum": -3, "maximum": 7.5}},
               "required": ["t"]}
     out = ctx._ctx.generate([chat(f"Temperature #{i} as JSON") for i in range(4)],
-                            params(max_tokens=32, temperature=1.0, seed=5, json_schema=json.dumps(schema)), None)
+                            [params(max_tokens=32, temperature=1.0, seed=5, json_schema=json.dumps(schema))], None)
     for c in out:
         jsonschema.validate(json.loads(c.text), schema)
 
