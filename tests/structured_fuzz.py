@@ -2,7 +2,7 @@
 
 Run as a script it generates with every one of them in one Engine (its own process, so
 that the caller sees a crash as an exit status) and prints one JSON line of counts:
-tests/test_structured_output.py runs a few hundred, bench/bench_structured.py --fuzz more.
+tests/test_structured_output.py runs 100, bench/bench_structured.py --fuzz more.
 """
 
 from __future__ import annotations
