@@ -13,7 +13,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any, Callable, Dict, List, Optional, Union
 
-from . import _core
+from . import _core, _openmp
 
 __all__ = ["Model", "Context", "generate_parallel", "Prompt"]
 
@@ -62,6 +62,7 @@ class Model:
         params.n_gpu_layers = _int("n_gpu_layers", n_gpu_layers)
         params.use_mmap = _bool("use_mmap", use_mmap)
         self._model = _core.Model(os.fspath(path), params)
+        _openmp.settled()  # llama.cpp's CPU backend has started
 
     @property
     def path(self) -> str:
