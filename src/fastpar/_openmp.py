@@ -4,7 +4,8 @@ llama.cpp's threads (OpenMP, GNU libgomp) meet at a barrier after every operatio
 forward pass, and between calls. A thread that arrives first spins, by default about
 300,000 rounds (milliseconds) before it sleeps. On a machine shared with other busy
 processes a spinning thread takes the CPU from the very partner it waits for: a call took
-7 to 10 times as long as with short spins, beside other processes (docs/performance.md).
+more than ten times as long as with short spins while other work kept the cores busy
+(docs/performance.md, "On a shared machine").
 libgomp reads its settings once, when it is loaded, so they are set in the environment
 before that: GOMP_SPINCOUNT=SPIN_COUNT, unless the user set OMP_WAIT_POLICY or
 GOMP_SPINCOUNT. Once the CPU backend is loaded (the first Model) the variable goes again,
@@ -15,8 +16,9 @@ from __future__ import annotations
 
 import os
 
-# About 30 microseconds of spinning on a current x86-64 core: alone, the partner thread
-# almost always arrives within that, and speed alone stayed the same (docs/performance.md).
+# About 30 microseconds of spinning (libgomp's estimate: 100 rounds a microsecond). Under
+# load it used about as little CPU as no spinning at all; alone, a partner that arrives
+# within that saves a sleep and a wake-up at each of a forward pass's hundreds of barriers.
 SPIN_COUNT = "3000"
 
 _ours = False
