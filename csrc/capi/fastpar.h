@@ -58,7 +58,7 @@ typedef struct fastpar_context_params {
     int32_t n_ctx_per_seq; /* positions one prompt plus its generation may use */
     int32_t n_batch;       /* most tokens per llama_decode call, >= n_parallel; 0 = auto (the larger
                               of n_parallel and 512, or 2048 with a layer on a GPU) */
-    int32_t n_threads;     /* 0 = one per hardware thread */
+    int32_t n_threads;     /* 0 = one per CPU this process may use */
     bool kv_unified;
     int32_t device_sampling; /* 1 cut logits down to candidates in the graph, 0 whole rows to the
                                 host, -1 auto (1 with the output layer on a GPU and >= 8 slots) */

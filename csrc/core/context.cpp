@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <thread>
 
+#include "core/cpus.hpp"
 #include "core/errors.hpp"
 #include "core/log.hpp"
 #include "core/sampling.hpp"
@@ -52,8 +52,7 @@ Context::Context(std::shared_ptr<const Model> model, const ContextParams & param
     if (params_.n_batch == 0) {
         params_.n_batch = std::max(params_.n_parallel, max_ubatch(*model_));
     }
-    n_threads_ = params_.n_threads > 0 ? params_.n_threads
-                                       : static_cast<int32_t>(std::max(1u, std::thread::hardware_concurrency()));
+    n_threads_ = params_.n_threads > 0 ? params_.n_threads : available_cpus();
 
     llama_context_params cp = llama_context_default_params();
     cp.n_ctx = static_cast<uint32_t>(params_.n_parallel) * static_cast<uint32_t>(params_.n_ctx_per_seq);

@@ -61,7 +61,7 @@ void validate(const ContextParams & p) {
         bad("warmup must be -1 (auto), 0 (off) or 1 (on), got " + std::to_string(p.warmup));
     }
     if (p.n_threads < 0) {
-        bad("n_threads must be 0 (one per hardware thread) or positive, got " + std::to_string(p.n_threads));
+        bad("n_threads must be 0 (one per CPU this process may use) or positive, got " + std::to_string(p.n_threads));
     }
 }
 

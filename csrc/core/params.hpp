@@ -32,7 +32,7 @@ struct ContextParams {
     // Most tokens in one llama_decode call, >= n_parallel; 0 = auto: the larger of n_parallel
     // and kCpuBatch, or kGpuBatch when any layer runs on a GPU.
     int32_t n_batch = 0;
-    int32_t n_threads = 0;         // CPU threads; 0 = one per hardware thread
+    int32_t n_threads = 0;         // CPU threads; 0 = one per CPU this process may use (cpus.hpp)
     bool kv_unified = false;       // one KV buffer for all slots (helps shared prefixes, slower otherwise)
     // 1 = cut every row of logits down to its best candidates inside llama.cpp's graph, on
     // the device that runs the output layer, and finish each chain on the host from those

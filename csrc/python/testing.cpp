@@ -13,6 +13,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include "core/cpus.hpp"
 #include "core/errors.hpp"
 #include "core/params.hpp"
 #include "core/pool.hpp"
@@ -261,6 +262,11 @@ PYBIND11_MODULE(_testing, m) {
     m.def("stress_task_pool", &fastpar::python::stress_task_pool, py::call_guard<py::gil_scoped_release>(), py::arg("n_workers"),
           py::arg("runs"), py::arg("caller_spin_us") = 0, py::arg("anticipate_us") = 0,
           "Runs that broke the sampling pool's contract (testing.cpp, stress_task_pool).");
+    m.def("available_cpus", &available_cpus, "CPUs this process may use: n_threads=None's threads (core/cpus.hpp).");
+    m.def("cgroup_cpu_quota", &cgroup_cpu_quota, py::arg("root"),
+          "The CPU quota (CPUs; 0: none) of the cgroups named under root/proc/self (core/cpus.hpp).");
+    m.def("cpus_within", &cpus_within, py::arg("n_affinity"), py::arg("quota"),
+          "Threads for an affinity mask of n_affinity CPUs and a quota (core/cpus.hpp).");
     // n_batch=None's physical batch on the CPU and on a GPU, for bench/run.py's raw baseline.
     m.attr("cpu_batch") = kCpuBatch;
     m.attr("gpu_batch") = kGpuBatch;

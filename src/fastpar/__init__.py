@@ -7,7 +7,11 @@
         print(c.finish_reason, c.text)
 """
 
-from ._api import Context, Model, SamplingParams, generate_parallel
+from . import _openmp
+
+_openmp.choose()  # before the native modules load OpenMP (_openmp.py says why)
+
+from ._api import Context, Model, SamplingParams, generate_parallel  # noqa: E402
 from ._core import Completion, EngineClosed, EngineStats, FastparError, ModelLoadError, QueueFull, Stats
 from ._engine import Engine, Request
 from ._core import backend as _backend

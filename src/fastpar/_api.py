@@ -15,7 +15,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
-from . import _core
+from . import _core, _openmp
 
 __all__ = ["Model", "Context", "SamplingParams", "generate_parallel", "Prompt"]
 
@@ -64,6 +64,7 @@ class Model:
         params.n_gpu_layers = _int("n_gpu_layers", n_gpu_layers)
         params.use_mmap = _bool("use_mmap", use_mmap)
         self._model = _core.Model(os.fspath(path), params)
+        _openmp.settled()  # llama.cpp's CPU backend has started
 
     @property
     def path(self) -> str:
@@ -103,7 +104,8 @@ class Context:
     longer prompts are fed in chunks. Its default is the larger of ``n_parallel`` and 512,
     or 2048 when any layer runs on a GPU, where fewer, larger prompt batches were measured
     faster (docs/performance.md); llama.cpp's physical batch is ``n_batch`` up to that size.
-    ``n_threads=None`` uses one thread per hardware thread. Calls on one context from
+    ``n_threads=None`` uses one thread per CPU this process may use: its affinity mask
+    (``taskset``), limited by its cgroup's CPU quota (a container's ``--cpus``). Calls on one context from
     several threads take turns; separate contexts of one model run in parallel.
     ``device_sampling``: ``True`` cuts every row of logits down to its best candidates
     (64 blocks of up to 128 logits) inside llama.cpp's graph, on the device that runs the
@@ -190,7 +192,7 @@ def _context_params(n_parallel: object, n_ctx_per_seq: object, n_batch: object, 
     if n_batch is not None and params.n_batch < 1:
         raise ValueError(f"n_batch must be positive (or None for the default), got {n_batch}")
     if n_threads is not None and _int("n_threads", n_threads) < 1:
-        raise ValueError(f"n_threads must be positive (or None for one per hardware thread), got {n_threads}")
+        raise ValueError(f"n_threads must be positive (or None for one per CPU this process may use), got {n_threads}")
     params.n_threads = _CONTEXT_DEFAULTS.n_threads if n_threads is None else n_threads
     params.kv_unified = _bool("kv_unified", kv_unified)
     params.device_sampling = -1 if device_sampling is None else int(_bool("device_sampling", device_sampling))

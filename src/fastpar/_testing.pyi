@@ -14,6 +14,10 @@ MIN_SPLIT: int
 cpu_batch: int
 gpu_batch: int
 
+def available_cpus() -> int: ...
+def cgroup_cpu_quota(root: str) -> float: ...
+def cpus_within(n_affinity: int, quota: float) -> int: ...
+
 class StepPolicy:
     max_padded_gap: int
     prompts_first: bool
