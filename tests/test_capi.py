@@ -14,20 +14,21 @@ import fastpar
 HERE = pathlib.Path(__file__).parent
 
 
-def compile_c(tmp_path_factory, name: str) -> pathlib.Path:
+def compile_c(name: str, out_dir: pathlib.Path) -> pathlib.Path:
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     assert cc, "a C compiler is needed to test the C ABI"
     lib = pathlib.Path(fastpar.get_library())
-    out = tmp_path_factory.mktemp("capi") / name
+    out = out_dir / name
     cmd = [cc, "-std=c11", "-Wall", "-Wextra", "-Werror", str(HERE / "c" / f"{name}.c"),
-           f"-I{fastpar.get_include()}", f"-L{lib.parent}", "-lfastpar", f"-Wl,-rpath,{lib.parent}", "-o", str(out)]
+           f"-I{fastpar.get_include()}", f"-L{lib.parent}", "-lfastpar", f"-Wl,-rpath,{lib.parent}", "-lm",
+           "-o", str(out)]
     subprocess.run(cmd, check=True)
     return out
 
 
 @pytest.fixture(scope="module")
 def capi_binary(tmp_path_factory):
-    return compile_c(tmp_path_factory, "capi_check")
+    return compile_c("capi_check", tmp_path_factory.mktemp("capi"))
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +57,7 @@ def test_c_and_python_agree(capi_run, model):
 
 
 def test_c_generate_per_prompt_params_samples_and_chat(tmp_path_factory, model):
-    binary = compile_c(tmp_path_factory, "capi_generate")
+    binary = compile_c("capi_generate", tmp_path_factory.mktemp("capi"))
     run = subprocess.run([str(binary), model.path], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout + run.stderr
     lines = run.stdout.splitlines()
@@ -76,3 +77,29 @@ def test_c_generate_per_prompt_params_samples_and_chat(tmp_path_factory, model):
         assert [int(t) for t in line.split(" tokens")[1].split("|")[0].split()] == c.token_ids, k
     n_shared = [int(x) for x in next(ln for ln in lines if ln.startswith("capi-gen: shared")).split()[2:]]
     assert n_shared == [c.n_prompt_tokens_shared for c in flat[3:]] and min(n_shared) > 0
+
+
+def test_c_abi_survives_nulls_bad_sizes_freed_handles_and_malformed_files(model, tmp_path):
+    import gguf
+    import numpy as np
+
+    binary = compile_c("capi_robust", tmp_path)
+    malformed = tmp_path / "block_count_0.gguf"   # llama.cpp would abort on this one
+    writer = gguf.GGUFWriter(str(malformed), "llama")
+    writer.add_block_count(0)
+    writer.add_context_length(64)
+    writer.add_embedding_length(8)
+    writer.add_head_count(1)
+    writer.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    truncated = tmp_path / "truncated.gguf"
+    truncated.write_bytes(pathlib.Path(model.path).read_bytes()[:100_000])
+    run = subprocess.run([str(binary), model.path, str(malformed), str(truncated)], capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert run.stdout.splitlines()[-1] == "robust: ok"
+    n_cases = int(run.stdout.splitlines()[-2].split()[1])
+    assert n_cases >= 70

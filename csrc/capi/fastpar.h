@@ -7,6 +7,11 @@
  *  - Every function that can fail returns a fastpar_status; on failure the outputs are
  *    left untouched and fastpar_last_error() returns a message for the calling thread.
  *  - No C++ exception ever crosses this boundary.
+ *  - Every call checks its handles against those this library made and has not freed: a
+ *    freed or foreign handle gives FASTPAR_ERR_INVALID_ARGUMENT, and freeing one twice does
+ *    nothing but set fastpar_last_error(). (Freeing a handle while another thread is inside
+ *    a call with it is still an error of the caller.) Pointers to caller memory (prompts,
+ *    stop strings) must point to as many valid entries as their counts say.
  *
  * Thread safety: a model may be shared by several contexts used from several threads;
  * concurrent generate calls on ONE context are serialised (they take turns).
@@ -178,6 +183,8 @@ FASTPAR_API fastpar_status fastpar_generate_parallel(fastpar_context * ctx, cons
 FASTPAR_API fastpar_status fastpar_generate(fastpar_context * ctx, const fastpar_prompt * prompts, int32_t n_prompts,
                                             const fastpar_generate_params * params, int32_t n_params,
                                             fastpar_completion ** results_out, int32_t * n_results_out);
+/* n_results must be the count the call returned; a wrong one frees the whole array anyway
+ * and sets fastpar_last_error(). */
 FASTPAR_API void fastpar_results_free(fastpar_completion * results, int32_t n_results);
 
 /* Statistics of the context's last generate call. */

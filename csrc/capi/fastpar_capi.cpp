@@ -7,8 +7,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <new>
 #include <string>
+#include <unordered_map>
 
 #include "core/context.hpp"
 #include "core/errors.hpp"
@@ -29,6 +31,61 @@ thread_local std::string t_last_error;
 fastpar_status fail(fastpar_status status, const std::string & message) {
     t_last_error = message;
     return status;
+}
+
+// The handles this library made and has not freed (for a results array: its length). Every
+// call checks its handle here first, so a freed, foreign or garbage pointer is an error
+// status, and a second free does nothing, instead of a use after free. (Freeing a handle
+// while another thread is inside a call with it remains the caller's error.)
+class Live {
+public:
+    void add(const void * p, int32_t n = 0) {
+        std::lock_guard<std::mutex> lock(mu_);
+        live_[p] = n;
+    }
+    bool has(const void * p) const {
+        std::lock_guard<std::mutex> lock(mu_);
+        return live_.count(p) != 0;
+    }
+    // Removes `p`; false if it was not live. `n` receives a results array's length.
+    bool remove(const void * p, int32_t * n = nullptr) {
+        std::lock_guard<std::mutex> lock(mu_);
+        const auto it = live_.find(p);
+        if (it == live_.end()) {
+            return false;
+        }
+        if (n != nullptr) {
+            *n = it->second;
+        }
+        live_.erase(it);
+        return true;
+    }
+
+private:
+    mutable std::mutex mu_;
+    std::unordered_map<const void *, int32_t> live_;
+};
+
+Live & live() {
+    static Live * l = new Live();  // never destroyed: frees may come from atexit handlers
+    return *l;
+}
+
+fastpar_status not_live(const char * what) {
+    return fail(FASTPAR_ERR_INVALID_ARGUMENT,
+                std::string(what) + " is not a live handle of this library (freed already, or never made by it)");
+}
+
+void free_results(fastpar_completion * results, int32_t n_results) {
+    for (int32_t i = 0; i < n_results; ++i) {
+        std::free(results[i].text);
+        std::free(results[i].token_ids);
+        std::free(results[i].error);
+        std::free(results[i].logprobs);
+        std::free(results[i].top_logprob_ids);
+        std::free(results[i].top_logprob_values);
+    }
+    std::free(results);
 }
 
 template <typename F>
@@ -168,8 +225,9 @@ fastpar_completion * to_c(const std::vector<fastpar::Completion> & out) {
             r.finish_reason = static_cast<fastpar_finish_reason>(c.finish_reason);
             r.error = c.finish_reason == fastpar::FinishReason::Error ? dup_string(c.error) : nullptr;
         }
+        live().add(results, static_cast<int32_t>(out.size()));
     } catch (...) {
-        fastpar_results_free(results, static_cast<int32_t>(out.size()));
+        free_results(results, static_cast<int32_t>(out.size()));
         throw;
     }
     return results;
@@ -252,18 +310,29 @@ fastpar_status fastpar_model_load(const char * path, fastpar_model_params params
         mp.use_mmap = params.use_mmap;
         auto handle = std::make_unique<fastpar_model>();
         handle->model = std::make_shared<fastpar::Model>(path, mp);
+        live().add(handle.get());
         *model_out = handle.release();
         return FASTPAR_OK;
     });
 }
 
-void fastpar_model_free(fastpar_model * model) { delete model; }
+void fastpar_model_free(fastpar_model * model) {
+    t_last_error.clear();
+    if (model != nullptr && !live().remove(model)) {
+        not_live("fastpar_model_free: model");
+        return;
+    }
+    delete model;
+}
 
 fastpar_status fastpar_context_new(fastpar_model * model, fastpar_context_params params,
                                    fastpar_context ** ctx_out) {
     return guard([&] {
         if (model == nullptr || ctx_out == nullptr) {
             return fail(FASTPAR_ERR_INVALID_ARGUMENT, "model and ctx_out must not be NULL");
+        }
+        if (!live().has(model)) {
+            return not_live("model");
         }
         fastpar::ContextParams cp;
         cp.n_parallel = params.n_parallel;
@@ -276,18 +345,29 @@ fastpar_status fastpar_context_new(fastpar_model * model, fastpar_context_params
         cp.warmup = params.warmup;
         auto handle = std::make_unique<fastpar_context>();
         handle->ctx = std::make_unique<fastpar::Context>(model->model, cp);
+        live().add(handle.get());
         *ctx_out = handle.release();
         return FASTPAR_OK;
     });
 }
 
-void fastpar_context_free(fastpar_context * ctx) { delete ctx; }
+void fastpar_context_free(fastpar_context * ctx) {
+    t_last_error.clear();
+    if (ctx != nullptr && !live().remove(ctx)) {
+        not_live("fastpar_context_free: ctx");
+        return;
+    }
+    delete ctx;
+}
 
 fastpar_status fastpar_generate_parallel(fastpar_context * ctx, const char * const * prompts, int32_t n_prompts,
                                          fastpar_generate_params params, fastpar_completion ** results_out) {
     return guard([&] {
         if (ctx == nullptr || results_out == nullptr) {
             return fail(FASTPAR_ERR_INVALID_ARGUMENT, "ctx and results_out must not be NULL");
+        }
+        if (!live().has(ctx)) {
+            return not_live("ctx");
         }
         if (n_prompts < 0 || (n_prompts > 0 && prompts == nullptr)) {
             return fail(FASTPAR_ERR_INVALID_ARGUMENT, "prompts must point to n_prompts strings (n_prompts >= 0)");
@@ -322,6 +402,9 @@ fastpar_status fastpar_generate(fastpar_context * ctx, const fastpar_prompt * pr
     return guard([&] {
         if (ctx == nullptr || results_out == nullptr || n_results_out == nullptr) {
             return fail(FASTPAR_ERR_INVALID_ARGUMENT, "ctx, results_out and n_results_out must not be NULL");
+        }
+        if (!live().has(ctx)) {
+            return not_live("ctx");
         }
         if (n_prompts < 0 || (n_prompts > 0 && prompts == nullptr)) {
             return fail(FASTPAR_ERR_INVALID_ARGUMENT, "prompts must point to n_prompts prompts (n_prompts >= 0)");
@@ -363,24 +446,30 @@ fastpar_status fastpar_generate(fastpar_context * ctx, const fastpar_prompt * pr
 }
 
 void fastpar_results_free(fastpar_completion * results, int32_t n_results) {
+    t_last_error.clear();
+    int32_t n = 0;
     if (results == nullptr) {
         return;
     }
-    for (int32_t i = 0; i < n_results; ++i) {
-        std::free(results[i].text);
-        std::free(results[i].token_ids);
-        std::free(results[i].error);
-        std::free(results[i].logprobs);
-        std::free(results[i].top_logprob_ids);
-        std::free(results[i].top_logprob_values);
+    if (!live().remove(results, &n)) {
+        not_live("fastpar_results_free: results");
+        return;
     }
-    std::free(results);
+    if (n_results != n) {  // the array's own length: a wrong count must not read past it
+        fail(FASTPAR_ERR_INVALID_ARGUMENT, "fastpar_results_free: n_results is " + std::to_string(n_results) +
+                                               ", the results hold " + std::to_string(n) + "; freed all " +
+                                               std::to_string(n));
+    }
+    free_results(results, n);
 }
 
 fastpar_status fastpar_context_last_stats(const fastpar_context * ctx, fastpar_stats * stats_out) {
     return guard([&] {
         if (ctx == nullptr || stats_out == nullptr) {
             return fail(FASTPAR_ERR_INVALID_ARGUMENT, "ctx and stats_out must not be NULL");
+        }
+        if (!live().has(ctx)) {
+            return not_live("ctx");
         }
         const fastpar::Stats s = ctx->ctx->last_stats();
         fastpar_stats out{};

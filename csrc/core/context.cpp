@@ -1,8 +1,14 @@
 #include "core/context.hpp"
 
+#if defined(__unix__) || defined(__APPLE__)
+#include <unistd.h>
+#endif
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <string>
+#include <thread>
 
 #include "core/cpus.hpp"
 #include "core/errors.hpp"
@@ -18,6 +24,38 @@ namespace {
 // caches (positions fall out of the window) cannot.
 bool memory_copies_by_position(const llama_model * model) {
     return !llama_model_is_recurrent(model) && !llama_model_is_hybrid(model) && llama_model_n_swa(model) == 0;
+}
+
+// A context of n_ctx positions needs at least this much host memory: llama.cpp's record of
+// each KV cell (its position, shift and 256 sequence bits) and, when the cache is on the
+// host and every layer attends to all positions, each cell's K and V rows in f16. Asking
+// for more than the machine has does not fail cleanly: the records are written as they are
+// allocated, so the kernel kills the process. Throws InvalidArgument instead.
+void check_host_memory(const Model & model, int64_t n_ctx) {
+#if defined(_SC_PHYS_PAGES) && defined(_SC_PAGESIZE)
+    const long pages = sysconf(_SC_PHYS_PAGES);
+    const long page = sysconf(_SC_PAGESIZE);
+#else
+    const long pages = 0, page = 0;
+#endif
+    if (pages <= 0 || page <= 0) {
+        return;
+    }
+    const double have = static_cast<double>(pages) * static_cast<double>(page);
+    const llama_model * m = model.get();
+    double per_cell = 40.0;
+    const int32_t n_head = llama_model_n_head(m);
+    if (!model.on_gpu() && memory_copies_by_position(m) && n_head > 0) {
+        per_cell += 2.0 * 2.0 * llama_model_n_layer(m) * (static_cast<double>(llama_model_n_embd(m)) / n_head) *
+                    llama_model_n_head_kv(m);
+    }
+    const double need = per_cell * static_cast<double>(n_ctx);
+    if (need > have) {
+        const auto gib = [](double b) { return std::to_string(static_cast<long long>(b / (1 << 30))) + " GiB"; };
+        throw InvalidArgument("a context of " + std::to_string(n_ctx) +
+                              " positions (n_parallel x n_ctx_per_seq) needs at least " + gib(need) +
+                              " of memory for its KV cache; this machine has " + gib(have));
+    }
 }
 
 // llama.cpp's physical batch (n_ubatch) for a model: params.hpp says why.
@@ -49,6 +87,7 @@ Context::Context(std::shared_ptr<const Model> model, const ContextParams & param
         throw InvalidArgument("model is null");
     }
     validate(params_);
+    check_host_memory(*model_, static_cast<int64_t>(params_.n_parallel) * params_.n_ctx_per_seq);
     if (params_.n_batch == 0) {
         params_.n_batch = std::max(params_.n_parallel, max_ubatch(*model_));
     }
@@ -88,7 +127,7 @@ Context::Context(std::shared_ptr<const Model> model, const ContextParams & param
     // n_ctx / n_seq_max cells; with it on, our own per-sequence limit keeps the sum in bounds.
     const auto actual = static_cast<int32_t>(params_.kv_unified ? llama_n_ctx(ctx_) : llama_n_ctx_seq(ctx_));
     n_ctx_seq_ = std::min(params_.n_ctx_per_seq, actual);
-    batch_ = llama_batch_init(params_.n_batch, 0, 1);
+    batch_ = llama_batch_init(steps_n_batch(), 0, 1);
     policy_ = resolve_step_policy(model_->output_on_gpu(), params_.kv_unified, memory_copies_by_position(model_->get()),
                                   params_.share_prefixes, params_.n_parallel, n_threads_);
     // Host sampling of many sequences at once uses the decode threads' cores, idle then.
@@ -182,7 +221,7 @@ void Context::with_scheduler(Stats & stats, const StepPolicy & policy, const std
     std::lock_guard<std::mutex> lock(mutex_);
     SchedulerOptions options;
     options.n_parallel = params_.n_parallel;
-    options.n_batch = params_.n_batch;
+    options.n_batch = steps_n_batch();
     options.n_ctx_seq = n_ctx_seq_;
     options.policy = policy;
     options.pool = pool_.get();

@@ -2,6 +2,7 @@
 // concurrent generate calls on one Context take turns.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <functional>
 #include <memory>
@@ -77,6 +78,9 @@ public:
 private:
     void warm_up();
     void release();  // frees the llama.cpp context and batch (the destructor's work)
+    // The most tokens one step may hold: n_batch, but never more than the context holds (as
+    // llama.cpp clamps its own), so a huge n_batch does not size the batch buffers.
+    int32_t steps_n_batch() const { return std::min(params_.n_batch, params_.n_parallel * params_.n_ctx_per_seq); }
 
     std::shared_ptr<const Model> model_;
     ContextParams params_;

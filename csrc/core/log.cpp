@@ -25,7 +25,16 @@ void log_hook(ggml_log_level level, const char * text, void * /*user_data*/) {
         return;
     }
     if (level == GGML_LOG_LEVEL_ERROR) {
-        t_last_error = text;
+        // Every error since the last clear, the first one (usually the cause) first: a
+        // failed load ends with a generic "failed to load model" after the reason.
+        if (t_last_error.size() > 4096) {
+            t_last_error.clear();
+        }
+        while (!t_last_error.empty() && (t_last_error.back() == '\n' || t_last_error.back() == ' ')) {
+            t_last_error.pop_back();
+        }
+        t_last_error += t_last_error.empty() ? "" : "; ";
+        t_last_error += text;
         t_in_error = true;
     } else if (level == GGML_LOG_LEVEL_CONT) {
         if (t_in_error) {

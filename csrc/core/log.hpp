@@ -10,7 +10,7 @@ namespace fastpar {
 // from many threads (the work happens once).
 void backend_init();
 
-// The last error llama.cpp logged on this thread since clear_last_llama_error().
+// The errors llama.cpp logged on this thread since clear_last_llama_error(), joined by "; ".
 std::string last_llama_error();
 void clear_last_llama_error();
 

@@ -5,6 +5,7 @@
 #include <system_error>
 
 #include "core/errors.hpp"
+#include "core/gguf_check.hpp"
 #include "core/log.hpp"
 #include "ggml-backend.h"
 #include "gguf.h"
@@ -70,6 +71,9 @@ Model::Model(const std::string & path, const ModelParams & params) : path_(path)
                               "(FASTPAR_BACKEND=" + std::string(backend_name()) +
                               "); use n_gpu_layers=0 or rebuild with FASTPAR_BACKEND=cuda or metal");
     }
+
+    // Values llama.cpp would assert on (killing the process) become a ModelLoadError here.
+    check_gguf(path);
 
     llama_model_params mp = llama_model_default_params();
     mp.n_gpu_layers = params.n_gpu_layers < 0 ? INT32_MAX : params.n_gpu_layers;

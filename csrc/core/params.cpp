@@ -11,6 +11,8 @@ namespace {
 
 // llama.cpp's LLAMA_MAX_SEQ: the most sequences one context can hold.
 constexpr int32_t kMaxParallel = 256;
+// ggml's GGML_MAX_N_THREADS: its thread pool has room for no more.
+constexpr int32_t kMaxThreads = 512;
 
 [[noreturn]] void bad(const std::string & what) { throw InvalidArgument(what); }
 
@@ -60,8 +62,9 @@ void validate(const ContextParams & p) {
     if (p.warmup < -1 || p.warmup > 1) {
         bad("warmup must be -1 (auto), 0 (off) or 1 (on), got " + std::to_string(p.warmup));
     }
-    if (p.n_threads < 0) {
-        bad("n_threads must be 0 (one per CPU this process may use) or positive, got " + std::to_string(p.n_threads));
+    if (p.n_threads < 0 || p.n_threads > kMaxThreads) {
+        bad("n_threads must be 0 (one per CPU this process may use) or 1 to " + std::to_string(kMaxThreads) + ", got " +
+            std::to_string(p.n_threads));
     }
 }
 
