@@ -4,8 +4,8 @@
 32 extraction prompts (chat), one 5-field JSON schema (a string enum, an integer with
 bounds, a string with maxLength, a boolean, an array of strings), the default model on the
 CPU at 8 and 32 slots; generation tokens/s constrained over unconstrained (bar: >= 0.8).
-Each slot count runs unconstrained, constrained, unconstrained, constrained and keeps each
-kind's better run. Also what the constraint costs alone (fastpar._testing.measure_grammar).
+Each slot count alternates unconstrained and constrained runs (--repeats of each) and keeps
+each kind's best run. Also what the constraint costs alone (fastpar._testing.measure_grammar).
 
     python bench/bench_structured.py [--out bench/results/cpu-x86_64-2core-structured.json]
     python bench/bench_structured.py --gpu --model SPEED_MODEL.gguf --slots 256 --prompts 1024
@@ -58,7 +58,7 @@ def run(ctx, ps, p):
     out = ctx._ctx.generate(ps, p, None)
     wall = time.perf_counter() - t0
     s = ctx.last_stats
-    return {"gen_tokens": s.n_gen_tokens, "gen_tokens_per_s": round(s.gen_tokens_per_s(), 1),
+    return {"gen_tokens": s.n_gen_tokens, "gen_tokens_per_s": round(s.gen_tokens_per_s, 1),
             "wall_s": round(wall, 2), "sample_ms": round(s.t_sample_ms, 1),
             "errors": sum(c.finish_reason == "error" for c in out),
             "stopped": sum(c.finish_reason == "stop" for c in out)}
@@ -71,6 +71,7 @@ def main() -> int:
     ap.add_argument("--slots", default=None, help="comma-separated slot counts (default 8,32; --gpu 256)")
     ap.add_argument("--prompts", type=int, default=32)
     ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--repeats", type=int, default=2, help="runs of each kind per slot count; the best counts")
     ap.add_argument("--out", default=None, help="write the results as JSON here")
     ap.add_argument("--fuzz", type=int, default=0, help="instead: this many random schemas and grammars")
     args = ap.parse_args()
@@ -104,14 +105,14 @@ def main() -> int:
     results = {"what": "structured output: 5-field JSON schema vs the same prompts unconstrained",
                "machine": f"{platform.machine()}, {os.cpu_count()} cores", "gpu": args.gpu,
                "model": os.path.basename(args.model or fastpar.default_model_path()),
-               "n_vocab": model._model.n_vocab(), "prompts": args.prompts, "max_tokens": args.max_tokens,
+               "n_vocab": model._model.n_vocab, "prompts": args.prompts, "max_tokens": args.max_tokens,
                "grammar_costs_ms": {k: round(v, 4) for k, v in costs.items()}, "runs": []}
     print("grammar costs:", results["grammar_costs_ms"])
     for n in slots:
         ctx = fastpar.Context(model, n_parallel=n, n_ctx_per_seq=512)
         run(ctx, ps[: min(n, len(ps))], plain)  # warm-up
         best = {}
-        for kind, p in [("unconstrained", plain), ("constrained", constrained)] * 2:
+        for kind, p in [("unconstrained", plain), ("constrained", constrained)] * args.repeats:
             r = run(ctx, ps, p)
             if kind not in best or r["gen_tokens_per_s"] > best[kind]["gen_tokens_per_s"]:
                 best[kind] = r
