@@ -35,6 +35,7 @@ mkdir -p "$work"
 
 cc="${CC:-cc}"
 runtime_path="$("$cc" -print-file-name="$runtime")"
+libstdcxx="$("$cc" -print-file-name=libstdc++.so.6)"
 if [ ! -e "$runtime_path" ]; then
   echo "sanitize.sh: $cc has no $runtime (Debian: apt-get install libasan8 libubsan1 libtsan2)" >&2
   exit 2
@@ -57,7 +58,10 @@ echo "== sanitize.sh: $kind build took $((built - start)) s"
 rm -rf "$reports" && mkdir -p "$reports"
 common="log_path=$reports/report:print_stacktrace=1"
 # The sanitizer runtime must come first in the process: Python itself is not instrumented.
-export LD_PRELOAD="$runtime_path${LD_PRELOAD:+:$LD_PRELOAD}"
+# libstdc++ right after it: ASan finds the real __cxa_throw when it starts, and Python does
+# not load libstdc++ itself; without it the first C++ exception ends in "CHECK failed:
+# real___cxa_throw != 0".
+export LD_PRELOAD="$runtime_path:$libstdcxx${LD_PRELOAD:+:$LD_PRELOAD}"
 # detect_leaks=0: CPython does not free everything at exit, which LeakSanitizer would report.
 # allocator_may_return_null=1: an impossible allocation throws std::bad_alloc, as without
 # ASan (tests ask for contexts too large on purpose), instead of ASan aborting.
@@ -66,7 +70,7 @@ export UBSAN_OPTIONS="$common:halt_on_error=1:suppressions=$root/scripts/sanitiz
 export TSAN_OPTIONS="$common:halt_on_error=0:second_deadlock_stack=1:suppressions=$root/scripts/sanitize/tsan.supp"
 
 set +e
-python -m pytest -p no:cacheprovider "${tests[@]}"
+python -m pytest -p no:cacheprovider --basetemp="$work/tmp" "${tests[@]}"
 status=$?
 set -e
 unset LD_PRELOAD
@@ -75,7 +79,9 @@ end=$(date +%s)
 count=0
 shopt -s nullglob
 for f in "$reports"/report*; do
-  n=$(grep -c -E "==[0-9]+==ERROR: |WARNING: ThreadSanitizer|: runtime error: " "$f" || true)
+  n=$(grep -c -E "==[0-9]+==ERROR: |WARNING: ThreadSanitizer|: runtime error: |Sanitizer: CHECK failed" "$f" || true)
+  # Anything else a sanitizer wrote is a report too.
+  [ "$n" -eq 0 ] && [ -s "$f" ] && n=1
   count=$((count + n))
   echo "---- $f"
   cat "$f"
