@@ -4,6 +4,8 @@
 #
 #   scripts/sanitize.sh [asan|tsan] [pytest arguments...]
 #
+# pytest arguments, when given, replace the default selection below.
+#
 #   asan  AddressSanitizer + UndefinedBehaviorSanitizer (default); without pytest
 #         arguments, the whole suite but tests/test_packaging.py (it builds and checks
 #         the normal wheels: nothing of it runs sanitized code).
@@ -68,6 +70,11 @@ export LD_PRELOAD="$runtime_path:$libstdcxx${LD_PRELOAD:+:$LD_PRELOAD}"
 export ASAN_OPTIONS="$common:detect_leaks=0:allocator_may_return_null=1:detect_stack_use_after_return=1:strict_init_order=1"
 export UBSAN_OPTIONS="$common:halt_on_error=1:suppressions=$root/scripts/sanitize/ubsan.supp"
 export TSAN_OPTIONS="$common:halt_on_error=0:second_deadlock_stack=1:suppressions=$root/scripts/sanitize/tsan.supp"
+
+# Instrumented kernels are several times slower; on a machine shared with other work,
+# OpenMP's default of spinning at every barrier then spent most of the run waiting for a
+# descheduled thread (90% of samples in libgomp). The run is about memory and UB, not speed.
+export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-passive}"
 
 set +e
 python -m pytest -p no:cacheprovider --basetemp="$work/tmp" "${tests[@]}"
