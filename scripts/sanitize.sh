@@ -4,6 +4,8 @@
 #
 #   scripts/sanitize.sh [asan|tsan] [pytest arguments...]
 #
+# pytest arguments, when given, replace the default selection below.
+#
 #   asan  AddressSanitizer + UndefinedBehaviorSanitizer (default); without pytest
 #         arguments, the whole suite but tests/test_packaging.py (it builds and checks
 #         the normal wheels: nothing of it runs sanitized code).
@@ -35,6 +37,7 @@ mkdir -p "$work"
 
 cc="${CC:-cc}"
 runtime_path="$("$cc" -print-file-name="$runtime")"
+libstdcxx="$("$cc" -print-file-name=libstdc++.so.6)"
 if [ ! -e "$runtime_path" ]; then
   echo "sanitize.sh: $cc has no $runtime (Debian: apt-get install libasan8 libubsan1 libtsan2)" >&2
   exit 2
@@ -57,7 +60,10 @@ echo "== sanitize.sh: $kind build took $((built - start)) s"
 rm -rf "$reports" && mkdir -p "$reports"
 common="log_path=$reports/report:print_stacktrace=1"
 # The sanitizer runtime must come first in the process: Python itself is not instrumented.
-export LD_PRELOAD="$runtime_path${LD_PRELOAD:+:$LD_PRELOAD}"
+# libstdc++ right after it: ASan finds the real __cxa_throw when it starts, and Python does
+# not load libstdc++ itself; without it the first C++ exception ends in "CHECK failed:
+# real___cxa_throw != 0".
+export LD_PRELOAD="$runtime_path:$libstdcxx${LD_PRELOAD:+:$LD_PRELOAD}"
 # detect_leaks=0: CPython does not free everything at exit, which LeakSanitizer would report.
 # allocator_may_return_null=1: an impossible allocation throws std::bad_alloc, as without
 # ASan (tests ask for contexts too large on purpose), instead of ASan aborting.
@@ -65,8 +71,13 @@ export ASAN_OPTIONS="$common:detect_leaks=0:allocator_may_return_null=1:detect_s
 export UBSAN_OPTIONS="$common:halt_on_error=1:suppressions=$root/scripts/sanitize/ubsan.supp"
 export TSAN_OPTIONS="$common:halt_on_error=0:second_deadlock_stack=1:suppressions=$root/scripts/sanitize/tsan.supp"
 
+# Instrumented kernels are several times slower; on a machine shared with other work,
+# OpenMP's default of spinning at every barrier then spent most of the run waiting for a
+# descheduled thread (90% of samples in libgomp). The run is about memory and UB, not speed.
+export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-passive}"
+
 set +e
-python -m pytest -p no:cacheprovider "${tests[@]}"
+python -m pytest -p no:cacheprovider --basetemp="$work/tmp" "${tests[@]}"
 status=$?
 set -e
 unset LD_PRELOAD
@@ -75,7 +86,9 @@ end=$(date +%s)
 count=0
 shopt -s nullglob
 for f in "$reports"/report*; do
-  n=$(grep -c -E "==[0-9]+==ERROR: |WARNING: ThreadSanitizer|: runtime error: " "$f" || true)
+  n=$(grep -c -E "==[0-9]+==ERROR: |WARNING: ThreadSanitizer|: runtime error: |Sanitizer: CHECK failed" "$f" || true)
+  # Anything else a sanitizer wrote is a report too.
+  [ "$n" -eq 0 ] && [ -s "$f" ] && n=1
   count=$((count + n))
   echo "---- $f"
   cat "$f"
