@@ -4,7 +4,7 @@
 Both runs use the same model, the same prompts and the same process; "one at a time"
 is fastpar itself with n_parallel=1, one prompt per call. Each prompt generates exactly
 48 tokens (ignore_eos), greedy. Prints the median of --repeats runs of each, and the
-ratio, and writes them to bench/results/demo-<date>.json.
+ratio, and writes them to bench/results/cpu-<machine>-<N>core-demo.json.
 
     python bench/bench_demo.py [--repeats 3] [--model PATH]
 """
@@ -12,7 +12,6 @@ ratio, and writes them to bench/results/demo-<date>.json.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import pathlib
@@ -49,7 +48,7 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--model", default=None)
     parser.add_argument("--n-threads", type=int, default=None)
-    parser.add_argument("--out", default=None, help="JSON path (default bench/results/demo-<date>.json)")
+    parser.add_argument("--out", default=None, help="JSON path (default bench/results/cpu-<machine>-<N>core-demo.json)")
     args = parser.parse_args()
 
     model = fastpar.Model(args.model or fastpar.default_model_path())
@@ -79,7 +78,7 @@ def main() -> int:
     print(f"n_parallel=1, 8 calls  : median {med_s:.2f} s  ({n_tokens / med_s:.1f} generated tok/s)  runs {single}")
     print(f"speed-up (median)      : {med_s / med_b:.2f}x")
     out = pathlib.Path(args.out) if args.out else (
-        pathlib.Path(__file__).parent / "results" / f"demo-{datetime.date.today().isoformat()}.json")
+        pathlib.Path(__file__).parent / "results" / f"cpu-{platform.machine()}-{os.cpu_count()}core-demo.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {out}")

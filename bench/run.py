@@ -4,7 +4,8 @@
 One command builds what it needs (the baselines from vendor/llama.cpp, the synthetic
 speed model, the C stage, the llama-cpp-python peer from the same pinned sdist), runs
 every selected stage on every selected workload, interleaving the repetitions, and
-writes bench/results/<date>-<host-kind>.{json,md,png}:
+writes bench/results/<host-kind>.{json,md,png} (or --out STEM; the date is inside, git keeps
+earlier runs):
 
     python bench/run.py                      # everything: W1-W4, greedy and typical, 3 reps
     python bench/run.py --workloads W1 --reps 3
@@ -538,7 +539,9 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--host-kind", default=f"{platform.machine()}-{os.cpu_count()}cpu")
     parser.add_argument("--merge", action="store_true",
-                        help="add to (or replace rows of) today's results file for this host instead of starting anew")
+                        help="add to (or replace rows of) the results file instead of starting anew")
+    parser.add_argument("--out", default=None, metavar="STEM",
+                        help="results file name under bench/results, without suffix (default: the host kind)")
     parser.add_argument("--quick", action="store_true",
                         help="smoke-test the harness: one wave per workload, 8 new tokens (not for quoting)")
     args = parser.parse_args()
@@ -581,7 +584,7 @@ def main() -> int:
     tmpdir = Target.baselines / "bench-tmp"
     tmpdir.mkdir(exist_ok=True)
 
-    stem = HERE / "results" / f"{datetime.date.today().isoformat()}-{args.host_kind}"
+    stem = HERE / "results" / (args.out or args.host_kind)
     command = "python bench/run.py " + " ".join(sys.argv[1:])
     results: dict = {}
     commands: list = []

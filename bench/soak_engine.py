@@ -2,7 +2,7 @@
 """Soak: 2,000 short requests through one Engine from 8 threads (not a test).
 
 Reports throughput and the process's resident memory after request 200 and after
-request 2,000 (the growth should stay under 5%), and writes bench/results/soak-<date>.json.
+request 2,000 (the growth should stay under 5%), and writes bench/results/<host>-engine-soak.json (--out to choose).
 
     python bench/soak_engine.py [--requests 2000] [--threads 8]
 """
@@ -10,9 +10,10 @@ request 2,000 (the growth should stay under 5%), and writes bench/results/soak-<
 from __future__ import annotations
 
 import argparse
-import datetime
+import os
 import json
 import pathlib
+import platform
 import threading
 import time
 
@@ -86,7 +87,7 @@ def main() -> int:
     }
     print(json.dumps(result, indent=2))
     out = pathlib.Path(args.out) if args.out else (
-        pathlib.Path(__file__).parent / "results" / f"soak-{datetime.date.today().isoformat()}.json")
+        pathlib.Path(__file__).parent / "results" / f"cpu-{platform.machine()}-{os.cpu_count()}core-engine-soak.json")
     out.write_text(json.dumps(result, indent=2) + "\n")
     return 0 if not errors and kv_clean and growth < 0.05 else 1
 
