@@ -130,7 +130,7 @@ def loadavg() -> float:
 
 def markdown(meta: dict, summary: dict) -> str:
     lines = [f"# fastpar on a shared machine, {meta['date']}, {meta['host_kind']}", "",
-             f"`{meta['command']}`: one `generate_parallel` call (default model, {N_PARALLEL} prompts of "
+             f"`{meta['command']}`: one `generate_parallel` call ({meta['model']}, {N_PARALLEL} prompts of "
              f"{PROMPT_TOKENS} tokens, {GEN_TOKENS} new tokens, greedy, n_threads={meta['threads']}) and "
              f"`llama-batched-bench` with the same shapes and `-t {meta['threads']}`; medians of "
              f"{meta['reps']} interleaved repetitions (two at once: every process's time). "
@@ -140,9 +140,10 @@ def markdown(meta: dict, summary: dict) -> str:
              "|---|---:|---:|---:|---:|---:|"]
     names = {"alone": "alone", "busy": "beside one busy process", "pair": "two processes at once"}
     for load in LOADS:
-        f, r = summary["fastpar"][load], summary["raw"][load]
-        lines.append(f"| {names[load]} | {f['wall_s']:.2f} | {f['x_alone']:.2f} | {r['wall_s']:.2f} | "
-                     f"{r['x_alone']:.2f} | {f['wall_s'] / r['wall_s']:.2f} |")
+        f, r = summary["fastpar"][load], summary.get("raw", {}).get(load)
+        raw = (f"{r['wall_s']:.2f} | {r['x_alone']:.2f} | {f['wall_s'] / r['wall_s']:.2f}" if r
+               else "not run | | ")
+        lines.append(f"| {names[load]} | {f['wall_s']:.2f} | {f['x_alone']:.2f} | {raw} |")
     return "\n".join(lines) + "\n"
 
 
@@ -153,13 +154,16 @@ def main() -> int:
                         help="set for fastpar's processes only (to compare OpenMP settings)")
     parser.add_argument("--host-kind", default=None, help="default cpu-<machine>-<N>core")
     parser.add_argument("--out", default=None, help="results stem (default bench/results/<host-kind>-shared-machine)")
+    parser.add_argument("--model", default=None, help="a GGUF file (default: the default model)")
+    parser.add_argument("--skip-raw", action="store_true",
+                        help="fastpar only (to compare its settings; the table then has no raw column)")
     args = parser.parse_args()
 
     threads = fastpar._testing.available_cpus()
     host_kind = args.host_kind or f"cpu-{platform.machine()}-{threads}core"
     stem = args.out or os.path.join(HERE, "results", f"{host_kind}-shared-machine")
     tools = build_baselines(server=False)
-    model = fastpar.default_model_path()
+    model = args.model or fastpar.default_model_path()
     make_prompts(fastpar.Model(model), 1, PROMPT_TOKENS, 0)  # fails here, not in a child, if it cannot
     env = dict(ORIGINAL_ENV)
     extra = dict(kv.split("=", 1) for kv in args.env)
@@ -172,7 +176,8 @@ def main() -> int:
         for load in order:
             loads_seen.append(loadavg())
             f = under(load, lambda n: fastpar_procs(n, model, env))
-            r = under(load, lambda n: raw_procs(n, tools["llama-batched-bench"], model, threads))
+            r = [] if args.skip_raw else under(
+                load, lambda n: raw_procs(n, tools["llama-batched-bench"], model, threads))
             runs["fastpar"][load] += f
             runs["raw"][load] += r
             print(f"rep {rep + 1} {load:5s}: fastpar {' '.join(f'{x:.2f}' for x in f)} s, "
@@ -180,11 +185,13 @@ def main() -> int:
 
     summary = {}
     for engine, per_load in runs.items():
+        if not per_load["alone"]:
+            continue
         alone = statistics.median(per_load["alone"])
         summary[engine] = {load: dict(wall_s=statistics.median(v), x_alone=statistics.median(v) / alone, walls_s=v)
                            for load, v in per_load.items()}
     meta = dict(date=datetime.date.today().isoformat(), host_kind=host_kind, threads=threads, reps=args.reps,
-                fastpar=fastpar.__version__, fastpar_env=extra, loadavg_before=loads_seen,
+                fastpar=fastpar.__version__, fastpar_env=extra, model=os.path.basename(model), loadavg_before=loads_seen,
                 command="python bench/shared_machine.py " + " ".join(sys.argv[1:]),
                 shapes=dict(n_parallel=N_PARALLEL, prompt_tokens=PROMPT_TOKENS, gen_tokens=GEN_TOKENS))
     os.makedirs(os.path.dirname(stem), exist_ok=True)
