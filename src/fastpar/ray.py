@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import inspect
 import random
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
@@ -102,17 +103,23 @@ class FastparProcessorConfig:
         """Samples per row by default; above 1, every output column is a list (docs/ray.md)."""
         return int(self.sampling_params.get("n", 1))
 
-    def _compute(self) -> "ray.data.ActorPoolStrategy":
-        c = self.concurrency
-        if isinstance(c, int):
-            return ray.data.ActorPoolStrategy(size=c)
-        return ray.data.ActorPoolStrategy(min_size=c[0], max_size=c[1])
-
     def _map_batches_kwargs(self) -> Dict[str, Any]:
         """The ``map_batches`` arguments the processor uses, as ``ray.data.llm`` sets them:
-        an actor pool, and ``max_concurrent_batches`` as the actor's ``max_concurrency``."""
-        kwargs: Dict[str, Any] = dict(compute=self._compute(), batch_size=self.batch_size,
-                                      num_cpus=self.num_cpus, max_concurrency=self.max_concurrent_batches)
+        an actor pool, and ``max_concurrent_batches`` calls (and blocks) in flight on each actor (the
+        pool's ``max_concurrent_calls_per_actor`` where Ray has it, else the actor's
+        ``max_concurrency``)."""
+        c = self.concurrency
+        pool: Dict[str, Any] = dict(size=c) if isinstance(c, int) else dict(min_size=c[0], max_size=c[1])
+        # Blocks queued on an actor beyond what it runs: Ray's default (twice as many) lets
+        # the first actor to start take every block of a small dataset before the others
+        # are up; with as many as it runs, blocks go to whichever actor frees up.
+        pool["max_tasks_in_flight_per_actor"] = self.max_concurrent_batches
+        kwargs: Dict[str, Any] = dict(batch_size=self.batch_size, num_cpus=self.num_cpus)
+        if "max_concurrent_calls_per_actor" in inspect.signature(ray.data.ActorPoolStrategy).parameters:
+            pool["max_concurrent_calls_per_actor"] = self.max_concurrent_batches
+        else:
+            kwargs["max_concurrency"] = self.max_concurrent_batches
+        kwargs["compute"] = ray.data.ActorPoolStrategy(**pool)
         if self.num_gpus:
             kwargs["num_gpus"] = self.num_gpus
         return kwargs
