@@ -445,8 +445,9 @@ static SEXP fastpar_r_generate(SEXP ctx_ptr, SEXP prompts, SEXP opts, SEXP per_p
     }
     results_finalizer(held); /* freed now, not at the next garbage collection */
 
+    /* A call without prompts runs nothing: the context's last stats are another call's. */
     fastpar_stats s;
-    SEXP stats = fastpar_context_last_stats(ctx, &s) == FASTPAR_OK ? stats_list(&s) : R_NilValue;
+    SEXP stats = n_prompts > 0 && fastpar_context_last_stats(ctx, &s) == FASTPAR_OK ? stats_list(&s) : R_NilValue;
     PROTECT(stats);
     const char * out_names[] = {"columns", "stats", ""};
     SEXP out = PROTECT(Rf_mkNamed(VECSXP, out_names));
