@@ -77,6 +77,7 @@ def test_c_generate_per_prompt_params_samples_and_chat(tmp_path_factory, model):
         assert [int(t) for t in line.split(" tokens")[1].split("|")[0].split()] == c.token_ids, k
     n_shared = [int(x) for x in next(ln for ln in lines if ln.startswith("capi-gen: shared")).split()[2:]]
     assert n_shared == [c.n_prompt_tokens_shared for c in flat[3:]] and min(n_shared) > 0
+    assert any(ln.startswith("capi-gen: interrupted after 4 polls") for ln in lines)
 
 
 def test_c_abi_survives_nulls_bad_sizes_freed_handles_and_malformed_files(model, tmp_path):

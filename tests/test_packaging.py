@@ -1,7 +1,7 @@
 """Artefacts, not the source tree: an sdist built from a fresh clone carries the pinned
 llama.cpp and builds a wheel with downloads made impossible; that wheel is repaired to a
-manylinux tag and works from a fresh virtual environment, and the C and R examples build
-against it the way their READMEs say and give the same tokens as Python.
+manylinux tag and works from a fresh virtual environment, and the C example and the R package
+build against it the way their docs say and give the same tokens as Python.
 
 The sdist is built from a fresh ``git clone`` of this checkout, so it sees the committed
 state only (commit before running this). Building it fills vendor/llama.cpp/ the way a
@@ -185,55 +185,36 @@ def test_c_example_builds_against_the_wheel_and_matches_python(wheel_env, model,
 
 
 @pytest.fixture(scope="module")
-def r_example(wheel_env, tmp_path_factory):
-    """A copy of examples/r with its glue built against the installed wheel."""
+def r_library(wheel_env, tmp_path_factory):
+    """The R package (r/) installed with `R CMD INSTALL` into a fresh library, its configure
+    step finding fastpar through the wheel's Python (docs/api.md, "R")."""
     if shutil.which("Rscript") is None or shutil.which("R") is None:
         pytest.skip("R is not installed (.ci/run installs Debian's r-base-core)")
-    work = tmp_path_factory.mktemp("r") / "r"
-    shutil.copytree(EXAMPLES / "r", work)
-    lib = os.path.dirname(wheel_env.library)
-    # examples/r/README.md's command.
-    env = dict(os.environ, PKG_CPPFLAGS=f"-I{wheel_env.include}",
-               PKG_LIBS=f"-L{lib} -lfastpar -Wl,-rpath,{lib}")
-    run(["R", "CMD", "SHLIB", "-o", "fastpar_r.so", "fastpar_r.c"], cwd=work, env=env)
-    return work
+    lib = tmp_path_factory.mktemp("rlib")
+    env = dict(os.environ, FASTPAR_PYTHON=str(wheel_env.python))
+    env.pop("FASTPAR_HOME", None)
+    src = tmp_path_factory.mktemp("rsrc") / "r"
+    shutil.copytree(ROOT / "r", src)  # R CMD INSTALL builds in the folder it is given
+    out = run(["R", "CMD", "INSTALL", f"--library={lib}", src], env=env, cwd=lib, timeout=600)
+    assert f"fastpar from the Python package of {wheel_env.python}" in out.stdout + out.stderr
+    return lib
 
 
-def test_r_example_builds_against_the_wheel_and_matches_python(r_example, model):
-    out = run(["Rscript", "demo.R", model.path, *PROMPTS], cwd=r_example, timeout=300)
-    r_tokens = [[int(t) for t in ln.split()[1:]] for ln in out.stdout.splitlines() if ln.startswith("TOKENS")]
-    assert f"fastpar {fastpar.__version__}: 2 prompts" in out.stdout
-    assert r_tokens == python_greedy(model, n_parallel=4, max_tokens=24)
-
-
-def test_r_errors_are_r_errors_and_leave_nothing_behind(r_example, model):
-    script = r_example / "errors.R"
+def test_r_package_installs_against_the_wheel_and_matches_python(r_library, model, tmp_path):
+    script = tmp_path / "greedy.R"
+    prompts = "c(" + ", ".join(json.dumps(p) for p in PROMPTS) + ")"
     script.write_text(f"""
-source("fastpar.R"); fastpar_load_glue("fastpar_r.so")
-e <- tryCatch(fastpar_model("/no/such/model.gguf"), error = function(e) conditionMessage(e))
-cat("MISSING", e, "\\n")
+library(fastpar, lib.loc = {json.dumps(str(r_library))})
 model <- fastpar_model({json.dumps(model.path)})
-e <- tryCatch(fastpar_context(model, n_parallel = 0), error = function(e) conditionMessage(e))
-cat("BADCTX", e, "\\n")
-ctx <- fastpar_context(model, n_parallel = 2, n_ctx_per_seq = 64)
-r <- generate_parallel(ctx, c(strrep("word ", 200), "Hello"), max_tokens = 4, temperature = 0)
-cat("FAILED", r[[1]]$finish_reason, "|", r[[2]]$finish_reason, "\\n")
-e <- tryCatch(generate_parallel(ctx, list(1, 2)), error = function(e) conditionMessage(e))
-cat("NOTTEXT", e, "\\n")
-e <- tryCatch(generate_parallel(ctx, 42), error = function(e) conditionMessage(e))
-cat("NUMBER", e, "\\n")
-r <- generate_parallel(ctx, list("Hello", "Hi"), max_tokens = 2, temperature = 0)
-cat("LIST", length(r), "\\n")
-fastpar_free(ctx)
-e <- tryCatch(generate_parallel(ctx, "Hi"), error = function(e) conditionMessage(e))
-cat("FREED", e, "\\n")
+ctx <- fastpar_context(model, n_parallel = 4, n_ctx_per_seq = 512)
+res <- generate_parallel(ctx, {prompts}, max_tokens = 24, temperature = 0)
+for (ids in res$token_ids) cat("TOKENS", ids, "\\n")
+cat("fastpar", fastpar_info()$version, "\\n")
+e <- tryCatch(fastpar_model("/no/such/model.gguf"), fastpar_error = function(e) e$status)
+cat("MISSING", e, "\\n")
 """)
-    out = run(["Rscript", script.name], cwd=r_example, timeout=300).stdout
-    assert "MISSING fastpar_model_load failed (status 2): model file not found" in out
-    assert "BADCTX fastpar_context_new failed (status 1): n_parallel" in out
-    assert "FAILED error | length" in out
-    # Like Python's TypeError: numbers are not prompts (never silently "1" and "2").
-    assert "NOTTEXT prompts must be a character vector (or a list of strings), got a list holding other" in out
-    assert "NUMBER prompts must be a character vector (or a list of strings), got a numeric vector" in out
-    assert "LIST 2 " in out
-    assert "FREED this fastpar context has been freed" in out
+    out = run(["Rscript", script], timeout=300).stdout
+    r_tokens = [[int(t) for t in ln.split()[1:]] for ln in out.splitlines() if ln.startswith("TOKENS")]
+    assert f"fastpar {fastpar.__version__} " in out
+    assert "MISSING not_found" in out
+    assert r_tokens == python_greedy(model, n_parallel=4, max_tokens=24)

@@ -43,6 +43,7 @@ typedef enum fastpar_status {
     FASTPAR_ERR_MODEL_LOAD = 3,       /* the file is not a model llama.cpp can load */
     FASTPAR_ERR_RUNTIME = 4,          /* llama.cpp failed (context creation, ...) */
     FASTPAR_ERR_OUT_OF_MEMORY = 5,
+    FASTPAR_ERR_INTERRUPTED = 6,      /* the context's interrupt callback stopped the call */
 } fastpar_status;
 
 typedef enum fastpar_finish_reason {
@@ -164,6 +165,15 @@ FASTPAR_API void fastpar_model_free(fastpar_model * model);
 FASTPAR_API fastpar_status fastpar_context_new(fastpar_model * model, fastpar_context_params params,
                                                fastpar_context ** ctx_out);
 FASTPAR_API void fastpar_context_free(fastpar_context * ctx);
+
+/* An interrupt check for the generate calls on ctx (Ctrl-C in a host language): polled on the
+ * calling thread between steps. When it returns true, every prompt still unfinished is
+ * cancelled, the context's KV cache is cleared, and the call returns FASTPAR_ERR_INTERRUPTED
+ * with nothing allocated; the context stays usable. NULL (the default) removes it. Set it
+ * while no generate call runs on ctx; user_data must stay valid while it is set. */
+typedef bool (*fastpar_interrupt_fn)(void * user_data);
+FASTPAR_API fastpar_status fastpar_context_set_interrupt(fastpar_context * ctx, fastpar_interrupt_fn fn,
+                                                         void * user_data);
 
 /* Runs n_prompts NUL-terminated prompts (raw text) in one unified batch and stores an
  * array of n_prompts completions, in input order, in *results_out (free it with

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <new>
@@ -22,6 +23,16 @@ struct fastpar_model {
 
 struct fastpar_context {
     std::unique_ptr<fastpar::Context> ctx;
+    fastpar_interrupt_fn interrupt = nullptr;  // fastpar_context_set_interrupt
+    void * interrupt_data = nullptr;
+
+    // The check passed to Context::generate: empty when none is set.
+    std::function<bool()> interrupt_check() const {
+        if (interrupt == nullptr) {
+            return {};
+        }
+        return [fn = interrupt, data = interrupt_data] { return fn(data); };
+    }
 };
 
 namespace {
@@ -97,6 +108,8 @@ fastpar_status guard(F && body) {
         return fail(FASTPAR_ERR_NOT_FOUND, e.what());
     } catch (const fastpar::ModelLoadError & e) {
         return fail(FASTPAR_ERR_MODEL_LOAD, e.what());
+    } catch (const fastpar::Interrupted & e) {
+        return fail(FASTPAR_ERR_INTERRUPTED, e.what());
     } catch (const std::invalid_argument & e) {
         return fail(FASTPAR_ERR_INVALID_ARGUMENT, e.what());
     } catch (const std::bad_alloc &) {
@@ -360,6 +373,20 @@ void fastpar_context_free(fastpar_context * ctx) {
     delete ctx;
 }
 
+fastpar_status fastpar_context_set_interrupt(fastpar_context * ctx, fastpar_interrupt_fn fn, void * user_data) {
+    return guard([&] {
+        if (ctx == nullptr) {
+            return fail(FASTPAR_ERR_INVALID_ARGUMENT, "ctx must not be NULL");
+        }
+        if (!live().has(ctx)) {
+            return not_live("ctx");
+        }
+        ctx->interrupt = fn;
+        ctx->interrupt_data = fn != nullptr ? user_data : nullptr;
+        return FASTPAR_OK;
+    });
+}
+
 fastpar_status fastpar_generate_parallel(fastpar_context * ctx, const char * const * prompts, int32_t n_prompts,
                                          fastpar_generate_params params, fastpar_completion ** results_out) {
     return guard([&] {
@@ -390,7 +417,7 @@ fastpar_status fastpar_generate_parallel(fastpar_context * ctx, const char * con
             *results_out = nullptr;
             return FASTPAR_OK;
         }
-        const std::vector<fastpar::Completion> out = ctx->ctx->generate(in, gp);
+        const std::vector<fastpar::Completion> out = ctx->ctx->generate(in, gp, ctx->interrupt_check());
         *results_out = to_c(out);
         return FASTPAR_OK;
     });
@@ -435,7 +462,7 @@ fastpar_status fastpar_generate(fastpar_context * ctx, const fastpar_prompt * pr
             *n_results_out = 0;
             return FASTPAR_OK;
         }
-        const std::vector<fastpar::Completion> out = ctx->ctx->generate(in, gp);
+        const std::vector<fastpar::Completion> out = ctx->ctx->generate(in, gp, ctx->interrupt_check());
         if (out.size() > static_cast<size_t>(INT32_MAX)) {
             return fail(FASTPAR_ERR_INVALID_ARGUMENT, "more than 2^31 - 1 completions");
         }

@@ -17,6 +17,20 @@
         }                                                                 \
     } while (0)
 
+/* An interrupt check that fires at its (limit + 1)-th poll. */
+static int g_polls;
+static bool stop_after(void * limit) { return ++g_polls > *(const int *) limit; }
+
+static int same_tokens(const fastpar_completion * a, const fastpar_completion * b, int32_t n) {
+    for (int32_t k = 0; k < n; ++k) {
+        if (a[k].n_gen_tokens != b[k].n_gen_tokens ||
+            memcmp(a[k].token_ids, b[k].token_ids, sizeof(int32_t) * (size_t) a[k].n_gen_tokens) != 0) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
 int main(int argc, char ** argv) {
     CHECK(argc == 2, "usage: capi_generate MODEL.gguf");
     fastpar_model * model = NULL;
@@ -117,7 +131,43 @@ int main(int argc, char ** argv) {
           "schema and grammar");
     CHECK(results == NULL, "nothing allocated on errors");
 
+    /* The interrupt check: a call it stops returns FASTPAR_ERR_INTERRUPTED, allocates
+     * nothing and leaves the context clean (the next call's greedy tokens are those of a
+     * call that was never interrupted). */
+    fastpar_generate_params long_gp = fastpar_generate_default_params();
+    long_gp.max_tokens = 48;
+    long_gp.temperature = 0.0f;
+    long_gp.ignore_eos = true;
+    fastpar_completion * reference = NULL;
+    int32_t n_reference = 0;
+    CHECK(fastpar_generate(ctx, prompts, 2, &long_gp, 1, &reference, &n_reference) == FASTPAR_OK && n_reference == 2,
+          "reference");
+    int limit = 3;
+    CHECK(fastpar_context_set_interrupt(ctx, stop_after, &limit) == FASTPAR_OK, "set interrupt");
+    g_polls = 0;
+    results = NULL;
+    CHECK(fastpar_generate(ctx, prompts, 2, &long_gp, 1, &results, &n_results) == FASTPAR_ERR_INTERRUPTED &&
+              results == NULL && g_polls == limit + 1 && strstr(fastpar_last_error(), "interrupted") != NULL,
+          "interrupted after %d polls", g_polls);
+    CHECK(fastpar_context_last_stats(ctx, &stats) == FASTPAR_OK && stats.n_gen_tokens < 2 * 48, "stopped early");
+    printf("capi-gen: interrupted after %d polls, %d tokens\n", g_polls, (int) stats.n_gen_tokens);
+    limit = 1000000;  /* a check that never fires: the call runs as without one */
+    g_polls = 0;
+    CHECK(fastpar_generate(ctx, prompts, 2, &long_gp, 1, &results, &n_results) == FASTPAR_OK && g_polls >= 48 &&
+              same_tokens(results, reference, 2),
+          "after an interrupt: same tokens");
+    fastpar_results_free(results, n_results);
+    CHECK(fastpar_context_set_interrupt(ctx, NULL, NULL) == FASTPAR_OK, "remove interrupt");
+    g_polls = 0;
+    CHECK(fastpar_generate(ctx, prompts, 2, &long_gp, 1, &results, &n_results) == FASTPAR_OK && g_polls == 0 &&
+              same_tokens(results, reference, 2),
+          "removed");
+    fastpar_results_free(results, n_results);
+    fastpar_results_free(reference, n_reference);
+    CHECK(fastpar_context_set_interrupt(NULL, stop_after, &limit) == FASTPAR_ERR_INVALID_ARGUMENT, "NULL ctx");
+
     fastpar_context_free(ctx);
+    CHECK(fastpar_context_set_interrupt(ctx, NULL, NULL) == FASTPAR_ERR_INVALID_ARGUMENT, "freed ctx");
     fastpar_model_free(model);
     printf("capi-gen: ok\n");
     return 0;

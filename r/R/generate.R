@@ -1,0 +1,196 @@
+#' Run many prompts in one call
+#'
+#' Every prompt of the call shares one batch; each has its own sequence and sampler, so
+#' prompts never see each other's output, and a prompt that cannot be served (too long
+#' for the context, ...) fails alone: its row says so while the others complete.
+#'
+#' Every option is a vector of length 1 (for every prompt) or one value per prompt;
+#' `NULL` takes fastpar's default, read from the C library
+#' (`fastpar_generate_default_params()`, see [fastpar_default_params()]).
+#'
+#' @param ctx A [fastpar_context()].
+#' @param prompts A character vector of raw-text prompts, or a list whose entries are each
+#'   one string or one chat: a list of messages `list(role = , content = )`, or a
+#'   data.frame with columns `role` and `content`. A chat is rendered with the model's own
+#'   chat template.
+#' @param max_tokens Most new tokens.
+#' @param temperature `0` for greedy decoding.
+#' @param top_k,top_p,min_p Sampling cut-offs (`0`, `1` and `0` turn them off).
+#' @param repeat_penalty Penalty on repeated tokens (`1` is none).
+#' @param seed Random seed (`-1`: drawn at random). Sample `j` of a prompt is seeded
+#'   `seed + j - 1`.
+#' @param stop Stop strings: a character vector for every prompt, or a list with one
+#'   character vector per prompt. The text ends before the stop string.
+#' @param ignore_eos `TRUE` to go on past the end-of-generation token.
+#' @param json_schema A JSON schema as JSON text (for instance from
+#'   `jsonlite::toJSON(schema, auto_unbox = TRUE)`): every output is JSON that follows
+#'   it. `NA` for a prompt without one.
+#' @param n Samples per prompt: the prompt is decoded once, and the result has `n` rows
+#'   for it.
+#' @param ... Further options by name: `grammar` (GBNF text, `NA` for none; not with
+#'   `json_schema`), `logprobs` (`TRUE` adds a list column `logprobs`, the log-probability
+#'   of every generated token), `presence_penalty`, `frequency_penalty`, `repeat_last_n`.
+#' @return A data.frame with one row per prompt, in input order (with `n` given: one row
+#'   per sample, prompt by prompt, with columns `prompt_index` and `sample_index` first):
+#'   \describe{
+#'   \item{text}{the generated text (UTF-8)}
+#'   \item{finish_reason}{`"stop"` (end of generation or a stop string), `"length"`
+#'     (`max_tokens` reached or the context full), `"error"` (this prompt failed)}
+#'   \item{error}{why the prompt failed, `NA` unless `finish_reason` is `"error"`}
+#'   \item{n_prompt_tokens}{prompt tokens decoded for this prompt}
+#'   \item{n_prompt_tokens_shared}{prompt tokens copied from another prompt's cache}
+#'   \item{n_gen_tokens}{tokens generated}
+#'   \item{token_ids}{a list column: the generated token ids}
+#'   }
+#'   and the call's statistics as `attr(res, "stats")` (see [fastpar_last_stats()]).
+#'
+#'   An error of the call itself (a bad argument, an option out of range, a freed
+#'   context, a chat prompt for a model without a chat template) is an R error of class
+#'   `fastpar_error`. Interrupting the call (Ctrl-C) cancels every prompt, leaves the
+#'   context clean and signals a condition of class `c("fastpar_interrupt", "interrupt")`.
+#' @examples
+#' \donttest{
+#' model <- fastpar_model(fastpar_default_model_path())
+#' ctx <- fastpar_context(model, n_parallel = 4, n_ctx_per_seq = 512)
+#' res <- generate_parallel(ctx, c("The capital of France is", "Water boils at"),
+#'                          max_tokens = 16, temperature = 0)
+#' res[, c("text", "finish_reason", "n_gen_tokens")]
+#' attr(res, "stats")$gen_tokens_per_s
+#'
+#' chat <- list(list(role = "user", content = "Name a colour."))
+#' generate_parallel(ctx, list(chat), max_tokens = 8, n = 2, temperature = 0.8, seed = 1)$text
+#'
+#' schema <- '{"type": "object", "required": ["city"],
+#'             "properties": {"city": {"type": "string", "maxLength": 20}}}'
+#' generate_parallel(ctx, "Paris hosted the 1924 Olympics. As JSON:", json_schema = schema,
+#'                   temperature = 0, max_tokens = 32)$text
+#' }
+#' @export
+generate_parallel <- function(ctx, prompts, max_tokens = NULL, temperature = NULL, top_k = NULL, top_p = NULL,
+                              min_p = NULL, repeat_penalty = NULL, seed = NULL, stop = NULL, ignore_eos = NULL,
+                              json_schema = NULL, n = NULL, ...) {
+  call <- sys.call()
+  if (!inherits(ctx, "fastpar_context")) stop("ctx must be a fastpar_context", call. = FALSE)
+  prompts <- .prompts(prompts)
+  k <- length(prompts)
+  extra <- list(...)
+  known <- c("grammar", "logprobs", "presence_penalty", "frequency_penalty", "repeat_last_n")
+  if (length(extra) && (is.null(names(extra)) || any(names(extra) == "") || !all(names(extra) %in% known))) {
+    stop("unknown option(s) in ...: ", paste(setdiff(names(extra), known), collapse = ", "),
+         "; known: ", paste(known, collapse = ", "), call. = FALSE)
+  }
+  opts <- list(
+    max_tokens = .per_prompt(max_tokens, "max_tokens", k, "int"),
+    temperature = .per_prompt(temperature, "temperature", k, "num"),
+    top_k = .per_prompt(top_k, "top_k", k, "int"),
+    top_p = .per_prompt(top_p, "top_p", k, "num"),
+    min_p = .per_prompt(min_p, "min_p", k, "num"),
+    repeat_penalty = .per_prompt(repeat_penalty, "repeat_penalty", k, "num"),
+    presence_penalty = .per_prompt(extra$presence_penalty, "presence_penalty", k, "num"),
+    frequency_penalty = .per_prompt(extra$frequency_penalty, "frequency_penalty", k, "num"),
+    repeat_last_n = .per_prompt(extra$repeat_last_n, "repeat_last_n", k, "int"),
+    seed = .per_prompt(seed, "seed", k, "seed"),
+    ignore_eos = .per_prompt(ignore_eos, "ignore_eos", k, "lgl"),
+    logprobs = .per_prompt(extra$logprobs, "logprobs", k, "lgl"),
+    n = .per_prompt(n, "n", k, "int"),
+    stop = .stop(stop, k),
+    json_schema = .per_prompt(json_schema, "json_schema", k, "chr"),
+    grammar = .per_prompt(extra$grammar, "grammar", k, "chr")
+  )
+  opts <- opts[!vapply(opts, is.null, TRUE)]
+  per_prompt <- any(lengths(opts) > 1)
+  out <- .Call(C_fastpar_r_generate, ctx, prompts, opts, per_prompt)
+  if (is.null(out)) .interrupted(call)
+  out <- .check(out, call)
+  cols <- out$columns
+  if (is.null(n)) cols$prompt_index <- cols$sample_index <- NULL
+  if (is.null(cols$logprobs)) cols$logprobs <- NULL
+  res <- structure(cols, class = "data.frame", row.names = seq_along(cols$text))
+  attr(res, "stats") <- out$stats
+  res
+}
+
+# The call was interrupted: fastpar cancelled it and cleared the context. Signal the
+# interrupt as R does (handlers for "interrupt" see it); unhandled, return to the top level.
+.interrupted <- function(call) {
+  cond <- structure(class = c("fastpar_interrupt", "interrupt", "condition"),
+                    list(message = "generation interrupted", call = call))
+  signalCondition(cond)
+  invokeRestart("abort")
+}
+
+# A list with one entry per prompt: a string, or list(roles, contents) for a chat.
+.prompts <- function(prompts) {
+  bad <- function(what) stop("prompts must be a character vector, or a list of strings and chats; ", what,
+                             call. = FALSE)
+  if (is.character(prompts)) {
+    if (anyNA(prompts)) bad("a prompt is NA")
+    return(as.list(unname(prompts)))
+  }
+  if (!is.list(prompts) || is.data.frame(prompts)) {
+    bad(paste("got", if (is.data.frame(prompts)) "a data.frame (wrap one chat in list())" else
+      paste("a", class(prompts)[1], "vector")))
+  }
+  lapply(seq_along(prompts), function(i) {
+    p <- prompts[[i]]
+    if (is.character(p) && length(p) == 1 && !is.na(p)) return(p)
+    if (is.data.frame(p)) {
+      if (!all(c("role", "content") %in% names(p))) bad(sprintf("chat %d has no role and content columns", i))
+      roles <- p$role
+      contents <- p$content
+    } else if (is.list(p) && length(p) > 0) {
+      if (!is.null(names(p)) && all(c("role", "content") %in% names(p))) {
+        bad(sprintf("prompt %d is one message; a chat is a list of messages: list(list(role = , content = ))", i))
+      }
+      ok <- vapply(p, function(m) is.list(m) && all(c("role", "content") %in% names(m)), TRUE)
+      if (!all(ok)) bad(sprintf("prompt %d: every message of a chat is list(role = , content = )", i))
+      roles <- lapply(p, `[[`, "role")
+      contents <- lapply(p, `[[`, "content")
+      one <- function(x) is.character(x) && length(x) == 1
+      if (!all(vapply(roles, one, TRUE)) || !all(vapply(contents, one, TRUE))) {
+        bad(sprintf("prompt %d: a message's role and content are single strings", i))
+      }
+      roles <- unlist(roles)
+      contents <- unlist(contents)
+    } else {
+      bad(sprintf("prompt %d is %s", i, if (is.character(p)) "not one string" else paste("a", class(p)[1])))
+    }
+    if (!is.character(roles) || !is.character(contents) || anyNA(roles) || anyNA(contents) || !length(roles)) {
+      bad(sprintf("chat %d: roles and contents are strings, not NA", i))
+    }
+    list(roles, contents)
+  })
+}
+
+# An option of length 1 or one value per prompt, coerced to the type the C glue reads.
+.per_prompt <- function(x, what, k, type) {
+  if (is.null(x)) return(NULL)
+  if (length(x) != 1 && length(x) != k) {
+    stop(what, " must have length 1 or one value per prompt (", k, "), got ", length(x), call. = FALSE)
+  }
+  ok <- switch(type,
+    int = is.numeric(x) && !anyNA(x) && all(x == round(x)) && all(abs(x) <= .Machine$integer.max),
+    seed = is.numeric(x) && !anyNA(x) && all(x == round(x)),
+    num = is.numeric(x) && !anyNA(x),
+    lgl = is.logical(x) && !anyNA(x),
+    chr = is.character(x))
+  if (!ok) {
+    stop(what, switch(type, int = " must be whole numbers", seed = " must be whole numbers",
+                      num = " must be numbers", lgl = " must be TRUE or FALSE",
+                      chr = " must be a character vector (NA for none)"), call. = FALSE)
+  }
+  switch(type, int = as.integer(x), seed = as.double(x), num = as.double(x), lgl = x, chr = enc2utf8(unname(x)))
+}
+
+# Stop strings: a character vector for all prompts, or a list with one per prompt.
+.stop <- function(stop, k) {
+  if (is.null(stop)) return(NULL)
+  if (is.character(stop)) stop <- list(stop)
+  if (!is.list(stop) || !all(vapply(stop, function(s) is.character(s) && !anyNA(s), TRUE))) {
+    stop("stop must be a character vector, or a list of character vectors (one per prompt)", call. = FALSE)
+  }
+  if (length(stop) != 1 && length(stop) != k) {
+    stop("stop must be one character vector or one per prompt (", k, "), got ", length(stop), call. = FALSE)
+  }
+  stop
+}

@@ -1,0 +1,476 @@
+/*
+ * .Call glue over fastpar.h. The R functions (R/) check and coerce every argument first;
+ * this file converts, calls the C ABI and copies results into R objects.
+ *
+ * Rules kept here:
+ *  - Models and contexts are external pointers with finalizers: R's garbage collector
+ *    frees them, and fastpar_r_free() frees them at once.
+ *  - An R error (Rf_error, or an allocation that fails) longjmps out of C. So the external
+ *    pointer that will own a fastpar resource is allocated BEFORE the resource and takes it
+ *    at once; a failed fastpar call allocates nothing. Nothing fastpar made is ever left
+ *    unowned.
+ *  - A failed fastpar call returns a "fastpar_failure" (status and message) rather than
+ *    raising: the R side turns it into a classed condition.
+ *  - No longjmp may cross libfastpar's C++ frames: the interrupt check runs
+ *    R_CheckUserInterrupt inside R_ToplevelExec, which catches the jump, and tells fastpar
+ *    to stop; the R side then signals the interrupt.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include <R.h>
+#include <R_ext/Rdynload.h>
+#include <Rinternals.h>
+
+#include "config.h"
+#include "fastpar.h"
+
+/* ---- handles ---------------------------------------------------------------------- */
+
+static SEXP model_tag(void) { return Rf_install("fastpar_model"); }
+static SEXP context_tag(void) { return Rf_install("fastpar_context"); }
+
+static void model_finalizer(SEXP ptr) {
+    fastpar_model_free((fastpar_model *) R_ExternalPtrAddr(ptr));
+    R_ClearExternalPtr(ptr);
+}
+
+static void context_finalizer(SEXP ptr) {
+    fastpar_context_free((fastpar_context *) R_ExternalPtrAddr(ptr));
+    R_ClearExternalPtr(ptr);
+}
+
+static void results_finalizer(SEXP ptr) {
+    fastpar_results_free((fastpar_completion *) R_ExternalPtrAddr(ptr),
+                         Rf_asInteger(R_ExternalPtrProtected(ptr)));
+    R_ClearExternalPtr(ptr);
+}
+
+/* An empty owner for a resource still to be made; its finalizer frees whatever it holds. */
+static SEXP owner(SEXP tag, SEXP keep, R_CFinalizer_t finalizer) {
+    SEXP ptr = PROTECT(R_MakeExternalPtr(NULL, tag, keep));
+    R_RegisterCFinalizerEx(ptr, finalizer, TRUE);
+    UNPROTECT(1);
+    return ptr;
+}
+
+static void * handle(SEXP ptr, SEXP tag, const char * what) {
+    if (TYPEOF(ptr) != EXTPTRSXP || R_ExternalPtrTag(ptr) != tag) {
+        Rf_error("expected a fastpar %s", what);
+    }
+    void * p = R_ExternalPtrAddr(ptr);
+    if (p == NULL) {
+        Rf_error("this fastpar %s has been freed", what);
+    }
+    return p;
+}
+
+static const char * status_name(fastpar_status status) {
+    switch (status) {
+        case FASTPAR_OK: return "ok";
+        case FASTPAR_ERR_INVALID_ARGUMENT: return "invalid_argument";
+        case FASTPAR_ERR_NOT_FOUND: return "not_found";
+        case FASTPAR_ERR_MODEL_LOAD: return "model_load";
+        case FASTPAR_ERR_RUNTIME: return "runtime";
+        case FASTPAR_ERR_OUT_OF_MEMORY: return "out_of_memory";
+        case FASTPAR_ERR_INTERRUPTED: return "interrupted";
+    }
+    return "unknown";
+}
+
+/* list(status = , message = ) of class "fastpar_failure", made right after the failed call
+ * (fastpar_last_error() is valid until the next fastpar call on this thread). */
+static SEXP failure(fastpar_status status) {
+    const char * names[] = {"status", "message", ""};
+    SEXP out = PROTECT(Rf_mkNamed(VECSXP, names));
+    SET_VECTOR_ELT(out, 0, Rf_mkString(status_name(status)));
+    SET_VECTOR_ELT(out, 1, Rf_ScalarString(Rf_mkCharCE(fastpar_last_error(), CE_UTF8)));
+    Rf_setAttrib(out, R_ClassSymbol, Rf_mkString("fastpar_failure"));
+    UNPROTECT(1);
+    return out;
+}
+
+/* ---- options: a named list, each entry of length 1 (for all) or one per prompt ------ */
+
+static SEXP option(SEXP opts, const char * name) {
+    SEXP names = Rf_getAttrib(opts, R_NamesSymbol);
+    for (R_xlen_t i = 0; i < Rf_xlength(opts); ++i) {
+        if (strcmp(CHAR(STRING_ELT(names, i)), name) == 0) {
+            return VECTOR_ELT(opts, i);
+        }
+    }
+    return R_NilValue;
+}
+
+static R_xlen_t at(SEXP x, R_xlen_t i) { return Rf_xlength(x) == 1 ? 0 : i; }
+static int int_at(SEXP x, R_xlen_t i) { return INTEGER(x)[at(x, i)]; }
+static double real_at(SEXP x, R_xlen_t i) { return REAL(x)[at(x, i)]; }
+static bool lgl_at(SEXP x, R_xlen_t i) { return LOGICAL(x)[at(x, i)] == TRUE; }
+
+/* ---- interrupts ------------------------------------------------------------------- */
+
+/* How often a generate call looks for a pending Ctrl-C. */
+#define POLL_INTERVAL_S 0.05
+static double g_next_poll;
+
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double) t.tv_sec + 1e-9 * (double) t.tv_nsec;
+}
+
+static void check_interrupt(void * unused) {
+    (void) unused;
+    R_CheckUserInterrupt();
+}
+
+/* fastpar's interrupt check: true when R has a pending interrupt (R_ToplevelExec returns
+ * FALSE when R_CheckUserInterrupt jumped). Called on R's thread, between steps. */
+static bool interrupt_pending(void * unused) {
+    (void) unused;
+    const double t = now_s();
+    if (t < g_next_poll) {
+        return false;
+    }
+    g_next_poll = t + POLL_INTERVAL_S;
+    return !R_ToplevelExec(check_interrupt, NULL);
+}
+
+/* ---- entry points ----------------------------------------------------------------- */
+
+static SEXP fastpar_r_info(void) {
+    const char * names[] = {"version", "backend", "include", "library", "python", ""};
+    SEXP out = PROTECT(Rf_mkNamed(VECSXP, names));
+    SET_VECTOR_ELT(out, 0, Rf_mkString(fastpar_version()));
+    SET_VECTOR_ELT(out, 1, Rf_mkString(fastpar_backend()));
+    SET_VECTOR_ELT(out, 2, Rf_mkString(FASTPAR_R_INCLUDE));
+    SET_VECTOR_ELT(out, 3, Rf_mkString(FASTPAR_R_LIBRARY));
+    SET_VECTOR_ELT(out, 4, Rf_mkString(FASTPAR_R_PYTHON));
+    UNPROTECT(1);
+    return out;
+}
+
+/* fastpar_*_default_params() as R lists: the one source of every default. */
+static SEXP fastpar_r_default_params(void) {
+    const fastpar_model_params mp = fastpar_model_default_params();
+    const fastpar_context_params cp = fastpar_context_default_params();
+    const fastpar_generate_params gp = fastpar_generate_default_params();
+    const char * top[] = {"model", "context", "generate", ""};
+    const char * m_names[] = {"n_gpu_layers", "use_mmap", ""};
+    const char * c_names[] = {"n_parallel", "n_ctx_per_seq", "n_batch", "n_threads", "kv_unified",
+                              "device_sampling", "share_prefixes", "warmup", ""};
+    const char * g_names[] = {"max_tokens", "temperature", "top_k", "top_p", "min_p", "repeat_penalty",
+                              "presence_penalty", "frequency_penalty", "repeat_last_n", "seed", "ignore_eos",
+                              "logprobs", "n", ""};
+    SEXP out = PROTECT(Rf_mkNamed(VECSXP, top));
+    SEXP m = Rf_mkNamed(VECSXP, m_names);
+    SET_VECTOR_ELT(out, 0, m);
+    SET_VECTOR_ELT(m, 0, Rf_ScalarInteger(mp.n_gpu_layers));
+    SET_VECTOR_ELT(m, 1, Rf_ScalarLogical(mp.use_mmap));
+    SEXP c = Rf_mkNamed(VECSXP, c_names);
+    SET_VECTOR_ELT(out, 1, c);
+    SET_VECTOR_ELT(c, 0, Rf_ScalarInteger(cp.n_parallel));
+    SET_VECTOR_ELT(c, 1, Rf_ScalarInteger(cp.n_ctx_per_seq));
+    SET_VECTOR_ELT(c, 2, Rf_ScalarInteger(cp.n_batch));
+    SET_VECTOR_ELT(c, 3, Rf_ScalarInteger(cp.n_threads));
+    SET_VECTOR_ELT(c, 4, Rf_ScalarLogical(cp.kv_unified));
+    SET_VECTOR_ELT(c, 5, Rf_ScalarInteger(cp.device_sampling));
+    SET_VECTOR_ELT(c, 6, Rf_ScalarLogical(cp.share_prefixes));
+    SET_VECTOR_ELT(c, 7, Rf_ScalarInteger(cp.warmup));
+    SEXP g = Rf_mkNamed(VECSXP, g_names);
+    SET_VECTOR_ELT(out, 2, g);
+    SET_VECTOR_ELT(g, 0, Rf_ScalarInteger(gp.max_tokens));
+    SET_VECTOR_ELT(g, 1, Rf_ScalarReal(gp.temperature));
+    SET_VECTOR_ELT(g, 2, Rf_ScalarInteger(gp.top_k));
+    SET_VECTOR_ELT(g, 3, Rf_ScalarReal(gp.top_p));
+    SET_VECTOR_ELT(g, 4, Rf_ScalarReal(gp.min_p));
+    SET_VECTOR_ELT(g, 5, Rf_ScalarReal(gp.repeat_penalty));
+    SET_VECTOR_ELT(g, 6, Rf_ScalarReal(gp.presence_penalty));
+    SET_VECTOR_ELT(g, 7, Rf_ScalarReal(gp.frequency_penalty));
+    SET_VECTOR_ELT(g, 8, Rf_ScalarInteger(gp.repeat_last_n));
+    SET_VECTOR_ELT(g, 9, Rf_ScalarReal((double) gp.seed));
+    SET_VECTOR_ELT(g, 10, Rf_ScalarLogical(gp.ignore_eos));
+    SET_VECTOR_ELT(g, 11, Rf_ScalarLogical(gp.logprobs));
+    SET_VECTOR_ELT(g, 12, Rf_ScalarInteger(gp.n));
+    UNPROTECT(1);
+    return out;
+}
+
+/* opts: n_gpu_layers (integer) or nothing. */
+static SEXP fastpar_r_model_load(SEXP path, SEXP opts) {
+    fastpar_model_params mp = fastpar_model_default_params();
+    SEXP x;
+    if ((x = option(opts, "n_gpu_layers")) != R_NilValue) mp.n_gpu_layers = INTEGER(x)[0];
+    if ((x = option(opts, "use_mmap")) != R_NilValue) mp.use_mmap = LOGICAL(x)[0] == TRUE;
+    const char * file = Rf_translateCharUTF8(STRING_ELT(path, 0));
+    SEXP ptr = PROTECT(owner(model_tag(), R_NilValue, model_finalizer));
+    fastpar_model * model = NULL;
+    const fastpar_status st = fastpar_model_load(file, mp, &model);
+    if (st != FASTPAR_OK) {
+        UNPROTECT(1);
+        return failure(st); /* nothing was allocated */
+    }
+    R_SetExternalPtrAddr(ptr, model);
+    UNPROTECT(1);
+    return ptr;
+}
+
+/* opts: any fastpar_context_params field, each one value of the field's type. */
+static SEXP fastpar_r_context_new(SEXP model_ptr, SEXP opts) {
+    fastpar_model * model = (fastpar_model *) handle(model_ptr, model_tag(), "model");
+    fastpar_context_params cp = fastpar_context_default_params();
+    SEXP x;
+    if ((x = option(opts, "n_parallel")) != R_NilValue) cp.n_parallel = INTEGER(x)[0];
+    if ((x = option(opts, "n_ctx_per_seq")) != R_NilValue) cp.n_ctx_per_seq = INTEGER(x)[0];
+    if ((x = option(opts, "n_batch")) != R_NilValue) cp.n_batch = INTEGER(x)[0];
+    if ((x = option(opts, "n_threads")) != R_NilValue) cp.n_threads = INTEGER(x)[0];
+    if ((x = option(opts, "kv_unified")) != R_NilValue) cp.kv_unified = LOGICAL(x)[0] == TRUE;
+    if ((x = option(opts, "device_sampling")) != R_NilValue) cp.device_sampling = INTEGER(x)[0];
+    if ((x = option(opts, "share_prefixes")) != R_NilValue) cp.share_prefixes = LOGICAL(x)[0] == TRUE;
+    if ((x = option(opts, "warmup")) != R_NilValue) cp.warmup = INTEGER(x)[0];
+    /* The context keeps its model alive on the C side; the R handle keeps the model's too. */
+    SEXP ptr = PROTECT(owner(context_tag(), model_ptr, context_finalizer));
+    fastpar_context * ctx = NULL;
+    fastpar_status st = fastpar_context_new(model, cp, &ctx);
+    if (st != FASTPAR_OK) {
+        UNPROTECT(1);
+        return failure(st);
+    }
+    R_SetExternalPtrAddr(ptr, ctx);
+    st = fastpar_context_set_interrupt(ctx, interrupt_pending, NULL);
+    UNPROTECT(1);
+    return st == FASTPAR_OK ? ptr : failure(st); /* a failure here leaves ctx to the finalizer */
+}
+
+/* TRUE when the handle was freed now, FALSE when it was freed already. */
+static SEXP fastpar_r_free(SEXP ptr) {
+    if (TYPEOF(ptr) != EXTPTRSXP ||
+        (R_ExternalPtrTag(ptr) != model_tag() && R_ExternalPtrTag(ptr) != context_tag())) {
+        Rf_error("expected a fastpar model or context");
+    }
+    const bool live = R_ExternalPtrAddr(ptr) != NULL;
+    if (R_ExternalPtrTag(ptr) == model_tag()) {
+        model_finalizer(ptr);
+    } else {
+        context_finalizer(ptr);
+    }
+    return Rf_ScalarLogical(live);
+}
+
+static SEXP fastpar_r_is_live(SEXP ptr) {
+    return Rf_ScalarLogical(TYPEOF(ptr) == EXTPTRSXP && R_ExternalPtrAddr(ptr) != NULL);
+}
+
+static SEXP stats_list(const fastpar_stats * s) {
+    const char * names[] = {"n_prompts", "n_failed", "n_prompt_tokens", "n_prompt_tokens_shared", "n_gen_tokens",
+                            "t_prompt_ms", "t_gen_ms", "t_wall_ms", "prompt_tokens_per_s", "gen_tokens_per_s",
+                            "total_tokens_per_s", "n_decode_calls", "n_kv_full_retries", "n_device_sampled",
+                            "t_sample_ms", "n_padding_tokens", ""};
+    const double values[] = {(double) s->n_prompts, (double) s->n_failed, (double) s->n_prompt_tokens,
+                             (double) s->n_prompt_tokens_shared, (double) s->n_gen_tokens, s->t_prompt_ms,
+                             s->t_gen_ms, s->t_wall_ms, s->prompt_tokens_per_s, s->gen_tokens_per_s,
+                             s->total_tokens_per_s, (double) s->n_decode_calls, (double) s->n_kv_full_retries,
+                             (double) s->n_device_sampled, s->t_sample_ms, (double) s->n_padding_tokens};
+    SEXP out = PROTECT(Rf_mkNamed(VECSXP, names));
+    for (int i = 0; i < (int) (sizeof values / sizeof values[0]); ++i) {
+        SET_VECTOR_ELT(out, i, Rf_ScalarReal(values[i]));
+    }
+    UNPROTECT(1);
+    return out;
+}
+
+static SEXP fastpar_r_last_stats(SEXP ctx_ptr) {
+    fastpar_context * ctx = (fastpar_context *) handle(ctx_ptr, context_tag(), "context");
+    fastpar_stats s;
+    const fastpar_status st = fastpar_context_last_stats(ctx, &s);
+    return st == FASTPAR_OK ? stats_list(&s) : failure(st);
+}
+
+/* prompts: a list, each entry one string (raw text) or list(role = <chr>, content = <chr>)
+ * (chat messages). opts: generation options by name, each of length 1 or length(prompts):
+ * integer, double or logical as the C field; stop a list of character vectors; json_schema
+ * and grammar character with NA for none. per_prompt: TRUE to pass one params struct per
+ * prompt, FALSE for one struct for all (a random seed is then drawn once, as in Python).
+ *
+ * Returns list(columns, stats), a fastpar_failure, or NULL when interrupted. */
+static SEXP fastpar_r_generate(SEXP ctx_ptr, SEXP prompts, SEXP opts, SEXP per_prompt) {
+    fastpar_context * ctx = (fastpar_context *) handle(ctx_ptr, context_tag(), "context");
+    const R_xlen_t n_prompts = Rf_xlength(prompts);
+    if (n_prompts > INT32_MAX) {
+        Rf_error("too many prompts");
+    }
+    const int n_params = Rf_asLogical(per_prompt) == TRUE ? (int) n_prompts : 1;
+
+    /* R-owned memory (R_alloc) for the arrays: released by R even on an error. */
+    fastpar_prompt * in = (fastpar_prompt *) R_alloc((size_t) n_prompts + 1, sizeof(fastpar_prompt));
+    for (R_xlen_t i = 0; i < n_prompts; ++i) {
+        SEXP p = VECTOR_ELT(prompts, i);
+        memset(&in[i], 0, sizeof in[i]);
+        if (TYPEOF(p) == STRSXP) {
+            in[i].text = Rf_translateCharUTF8(STRING_ELT(p, 0));
+        } else {
+            SEXP roles = VECTOR_ELT(p, 0), contents = VECTOR_ELT(p, 1);
+            const int n_messages = Rf_length(roles);
+            fastpar_message * messages = (fastpar_message *) R_alloc((size_t) n_messages + 1, sizeof(fastpar_message));
+            for (int j = 0; j < n_messages; ++j) {
+                messages[j].role = Rf_translateCharUTF8(STRING_ELT(roles, j));
+                messages[j].content = Rf_translateCharUTF8(STRING_ELT(contents, j));
+            }
+            in[i].messages = messages;
+            in[i].n_messages = n_messages;
+        }
+    }
+
+    SEXP max_tokens = option(opts, "max_tokens"), temperature = option(opts, "temperature");
+    SEXP top_k = option(opts, "top_k"), top_p = option(opts, "top_p"), min_p = option(opts, "min_p");
+    SEXP repeat_penalty = option(opts, "repeat_penalty"), presence = option(opts, "presence_penalty");
+    SEXP frequency = option(opts, "frequency_penalty"), repeat_last_n = option(opts, "repeat_last_n");
+    SEXP seed = option(opts, "seed"), ignore_eos = option(opts, "ignore_eos"), logprobs = option(opts, "logprobs");
+    SEXP n = option(opts, "n"), stop = option(opts, "stop");
+    SEXP schema = option(opts, "json_schema"), grammar = option(opts, "grammar");
+    fastpar_generate_params * gp =
+        (fastpar_generate_params *) R_alloc((size_t) n_params + 1, sizeof(fastpar_generate_params));
+    for (int i = 0; i < n_params; ++i) {
+        fastpar_generate_params p = fastpar_generate_default_params();
+        if (max_tokens != R_NilValue) p.max_tokens = int_at(max_tokens, i);
+        if (temperature != R_NilValue) p.temperature = (float) real_at(temperature, i);
+        if (top_k != R_NilValue) p.top_k = int_at(top_k, i);
+        if (top_p != R_NilValue) p.top_p = (float) real_at(top_p, i);
+        if (min_p != R_NilValue) p.min_p = (float) real_at(min_p, i);
+        if (repeat_penalty != R_NilValue) p.repeat_penalty = (float) real_at(repeat_penalty, i);
+        if (presence != R_NilValue) p.presence_penalty = (float) real_at(presence, i);
+        if (frequency != R_NilValue) p.frequency_penalty = (float) real_at(frequency, i);
+        if (repeat_last_n != R_NilValue) p.repeat_last_n = int_at(repeat_last_n, i);
+        if (seed != R_NilValue) p.seed = (int64_t) real_at(seed, i);
+        if (ignore_eos != R_NilValue) p.ignore_eos = lgl_at(ignore_eos, i);
+        if (logprobs != R_NilValue) p.logprobs = lgl_at(logprobs, i);
+        if (n != R_NilValue) p.n = int_at(n, i);
+        if (stop != R_NilValue) {
+            SEXP s = VECTOR_ELT(stop, at(stop, i));
+            const int n_stop = Rf_length(s);
+            const char ** strings = (const char **) R_alloc((size_t) n_stop + 1, sizeof(char *));
+            for (int k = 0; k < n_stop; ++k) {
+                strings[k] = Rf_translateCharUTF8(STRING_ELT(s, k));
+            }
+            p.stop = n_stop > 0 ? strings : NULL;
+            p.n_stop = n_stop;
+        }
+        if (schema != R_NilValue && STRING_ELT(schema, at(schema, i)) != NA_STRING) {
+            p.json_schema = Rf_translateCharUTF8(STRING_ELT(schema, at(schema, i)));
+        }
+        if (grammar != R_NilValue && STRING_ELT(grammar, at(grammar, i)) != NA_STRING) {
+            p.grammar = Rf_translateCharUTF8(STRING_ELT(grammar, at(grammar, i)));
+        }
+        gp[i] = p;
+    }
+
+    /* The results' owner exists before the results: if copying them into R fails, R's
+     * garbage collector still frees them; on success they are freed explicitly below. */
+    SEXP count = PROTECT(Rf_ScalarInteger(0));
+    SEXP held = PROTECT(owner(R_NilValue, count, results_finalizer));
+    fastpar_completion * results = NULL;
+    int32_t n_results = 0;
+    g_next_poll = 0.0;
+    const fastpar_status st = fastpar_generate(ctx, in, (int32_t) n_prompts, gp, n_params, &results, &n_results);
+    if (st == FASTPAR_ERR_INTERRUPTED) {
+        UNPROTECT(2);
+        return R_NilValue; /* nothing was allocated; the context is clean */
+    }
+    if (st != FASTPAR_OK) {
+        UNPROTECT(2);
+        return failure(st); /* nothing was allocated */
+    }
+    INTEGER(count)[0] = n_results;
+    R_SetExternalPtrAddr(held, results);
+
+    bool any_logprobs = false;
+    for (int32_t k = 0; k < n_results; ++k) {
+        any_logprobs = any_logprobs || results[k].logprobs != NULL;
+    }
+    const char * names[] = {"prompt_index", "sample_index", "text", "finish_reason", "error", "n_prompt_tokens",
+                            "n_prompt_tokens_shared", "n_gen_tokens", "token_ids", "logprobs", ""};
+    SEXP cols = PROTECT(Rf_mkNamed(VECSXP, names));
+    SEXP prompt_index = Rf_allocVector(INTSXP, n_results);
+    SET_VECTOR_ELT(cols, 0, prompt_index);
+    SEXP sample_index = Rf_allocVector(INTSXP, n_results);
+    SET_VECTOR_ELT(cols, 1, sample_index);
+    SEXP text = Rf_allocVector(STRSXP, n_results);
+    SET_VECTOR_ELT(cols, 2, text);
+    SEXP finish = Rf_allocVector(STRSXP, n_results);
+    SET_VECTOR_ELT(cols, 3, finish);
+    SEXP error = Rf_allocVector(STRSXP, n_results);
+    SET_VECTOR_ELT(cols, 4, error);
+    SEXP n_prompt = Rf_allocVector(INTSXP, n_results);
+    SET_VECTOR_ELT(cols, 5, n_prompt);
+    SEXP n_shared = Rf_allocVector(INTSXP, n_results);
+    SET_VECTOR_ELT(cols, 6, n_shared);
+    SEXP n_gen = Rf_allocVector(INTSXP, n_results);
+    SET_VECTOR_ELT(cols, 7, n_gen);
+    SEXP token_ids = Rf_allocVector(VECSXP, n_results);
+    SET_VECTOR_ELT(cols, 8, token_ids);
+    SEXP lp = any_logprobs ? Rf_allocVector(VECSXP, n_results) : R_NilValue;
+    SET_VECTOR_ELT(cols, 9, lp);
+
+    /* Prompt i contributes its n samples in turn (fastpar_generate's order). */
+    int32_t k = 0;
+    for (R_xlen_t i = 0; i < n_prompts && k < n_results; ++i) {
+        const int n_i = gp[n_params == 1 ? 0 : i].n;
+        for (int j = 0; j < n_i && k < n_results; ++j, ++k) {
+            const fastpar_completion * c = &results[k];
+            INTEGER(prompt_index)[k] = (int) i + 1;
+            INTEGER(sample_index)[k] = j + 1;
+            SET_STRING_ELT(text, k, Rf_mkCharLenCE(c->text, (int) c->text_len, CE_UTF8));
+            SET_STRING_ELT(finish, k, Rf_mkChar(fastpar_finish_reason_name(c->finish_reason)));
+            SET_STRING_ELT(error, k, c->error != NULL ? Rf_mkCharCE(c->error, CE_UTF8) : NA_STRING);
+            INTEGER(n_prompt)[k] = c->n_prompt_tokens;
+            INTEGER(n_shared)[k] = c->n_prompt_tokens_shared;
+            INTEGER(n_gen)[k] = c->n_gen_tokens;
+            SEXP ids = Rf_allocVector(INTSXP, c->n_gen_tokens);
+            SET_VECTOR_ELT(token_ids, k, ids);
+            if (c->n_gen_tokens > 0) {
+                memcpy(INTEGER(ids), c->token_ids, sizeof(int32_t) * (size_t) c->n_gen_tokens);
+            }
+            if (any_logprobs) {
+                SEXP v = Rf_allocVector(REALSXP, c->logprobs != NULL ? c->n_gen_tokens : 0);
+                SET_VECTOR_ELT(lp, k, v);
+                for (int32_t t = 0; c->logprobs != NULL && t < c->n_gen_tokens; ++t) {
+                    REAL(v)[t] = c->logprobs[t];
+                }
+            }
+        }
+    }
+    results_finalizer(held); /* freed now, not at the next garbage collection */
+
+    /* A call without prompts runs nothing: the context's last stats are another call's. */
+    fastpar_stats s;
+    SEXP stats = n_prompts > 0 && fastpar_context_last_stats(ctx, &s) == FASTPAR_OK ? stats_list(&s) : R_NilValue;
+    PROTECT(stats);
+    const char * out_names[] = {"columns", "stats", ""};
+    SEXP out = PROTECT(Rf_mkNamed(VECSXP, out_names));
+    SET_VECTOR_ELT(out, 0, cols);
+    SET_VECTOR_ELT(out, 1, stats);
+    UNPROTECT(5);
+    return out;
+}
+
+static const R_CallMethodDef call_methods[] = {
+    {"fastpar_r_info", (DL_FUNC) &fastpar_r_info, 0},
+    {"fastpar_r_default_params", (DL_FUNC) &fastpar_r_default_params, 0},
+    {"fastpar_r_model_load", (DL_FUNC) &fastpar_r_model_load, 2},
+    {"fastpar_r_context_new", (DL_FUNC) &fastpar_r_context_new, 2},
+    {"fastpar_r_free", (DL_FUNC) &fastpar_r_free, 1},
+    {"fastpar_r_is_live", (DL_FUNC) &fastpar_r_is_live, 1},
+    {"fastpar_r_last_stats", (DL_FUNC) &fastpar_r_last_stats, 1},
+    {"fastpar_r_generate", (DL_FUNC) &fastpar_r_generate, 4},
+    {NULL, NULL, 0},
+};
+
+void R_init_fastpar(DllInfo * dll) {
+    R_registerRoutines(dll, NULL, call_methods, NULL, NULL);
+    R_useDynamicSymbols(dll, FALSE);
+    R_forceSymbols(dll, TRUE);
+}

@@ -1,0 +1,4 @@
+library(testthat)
+library(fastpar)
+
+test_check("fastpar")
