@@ -61,7 +61,9 @@ def run(ctx, ps, p):
     return {"gen_tokens": s.n_gen_tokens, "gen_tokens_per_s": round(s.gen_tokens_per_s, 1),
             "wall_s": round(wall, 2), "sample_ms": round(s.t_sample_ms, 1),
             "errors": sum(c.finish_reason == "error" for c in out),
-            "stopped": sum(c.finish_reason == "stop" for c in out)}
+            "stopped": sum(c.finish_reason == "stop" for c in out),
+            # Constrained tokens by how each was chosen (docs/api.md, Stats).
+            "grammar": {k: getattr(s, "n_grammar_" + k) for k in ("kept", "top", "wider", "whole", "cached")}}
 
 
 def main() -> int:
@@ -73,6 +75,8 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--repeats", type=int, default=2, help="runs of each kind per slot count; the best counts")
     ap.add_argument("--out", default=None, help="write the results as JSON here")
+    ap.add_argument("--without-sets", action="store_true",
+                    help="also run constrained with the shared allowed-token sets off (as before they existed)")
     ap.add_argument("--fuzz", type=int, default=0, help="instead: this many random schemas and grammars")
     args = ap.parse_args()
 
@@ -112,12 +116,20 @@ def main() -> int:
         ctx = fastpar.Context(model, n_parallel=n, n_ctx_per_seq=512)
         run(ctx, ps[: min(n, len(ps))], plain)  # warm-up
         best = {}
-        for kind, p in [("unconstrained", plain), ("constrained", constrained)] * args.repeats:
+        kinds = [("unconstrained", plain, True), ("constrained", constrained, True)]
+        if args.without_sets:
+            kinds.append(("constrained_without_sets", constrained, False))
+        for kind, p, sets in kinds * args.repeats:
+            _testing.set_allowed_sets(sets)
             r = run(ctx, ps, p)
             if kind not in best or r["gen_tokens_per_s"] > best[kind]["gen_tokens_per_s"]:
                 best[kind] = r
+        _testing.set_allowed_sets(True)
         ratio = best["constrained"]["gen_tokens_per_s"] / best["unconstrained"]["gen_tokens_per_s"]
         row = {"slots": n, **best, "ratio": round(ratio, 3)}
+        if args.without_sets:
+            row["ratio_without_sets"] = round(best["constrained_without_sets"]["gen_tokens_per_s"] /
+                                              best["unconstrained"]["gen_tokens_per_s"], 3)
         results["runs"].append(row)
         print(json.dumps(row))
     if args.out:

@@ -141,6 +141,14 @@ struct Stats {
     int64_t n_device_sampled = 0;   // tokens chosen from candidates cut down on the device
     double t_sample_ms = 0;         // part of t_gen_ms spent choosing tokens from the logits
     int64_t n_padding_tokens = 0;   // throw-away tokens that kept a step in one forward pass (GPU)
+    // Tokens of json_schema/grammar requests, by how each was chosen (core/structured.hpp,
+    // ConstrainedWay): the chain's choice kept; refused and found among the best 256
+    // candidates; in larger stages; by masking the whole vocabulary; from a kept allowed set.
+    int64_t n_grammar_kept = 0;
+    int64_t n_grammar_top = 0;
+    int64_t n_grammar_wider = 0;
+    int64_t n_grammar_whole = 0;
+    int64_t n_grammar_cached = 0;
 
     double prompt_tokens_per_s() const { return t_prompt_ms > 0 ? 1e3 * static_cast<double>(n_prompt_tokens) / t_prompt_ms : 0.0; }
     double gen_tokens_per_s() const { return t_gen_ms > 0 ? 1e3 * static_cast<double>(n_gen_tokens) / t_gen_ms : 0.0; }

@@ -38,7 +38,7 @@ struct Scheduler::Slot {
     llama_pos n_past = 0;      // positions of this sequence in the KV cache
     llama_token pending = -1;  // sampled token still to be fed
     SamplerPtr sampler;        // this request's chain (it always runs on the host)
-    SamplerPtr grammar;        // its json_schema or grammar constraint, or null
+    GrammarPtr grammar;        // its json_schema or grammar constraint, or null
     bool on_device = false;    // its logits are cut down on the device (DeviceSampling)
     bool waiting = false;      // this step: leaves its prefix to a slot that decodes it first
     TextStream text;           // its text, streamed or not
@@ -174,7 +174,7 @@ void Scheduler::admit() {
                 complete_unstarted(request, FinishReason::Length, "");
                 continue;
             }
-            SamplerPtr grammar;
+            GrammarPtr grammar;
             if (constrained(params)) {
                 try {
                     grammar = grammars_.make(params);
@@ -421,6 +421,7 @@ void Scheduler::sample(const std::vector<Slot *> & slots) {
     std::vector<float> logprobs(slots.size(), 0.0f);
     std::vector<std::vector<std::pair<llama_token, float>>> tops(slots.size());
     std::vector<std::string> failed(slots.size());  // a constraint's failure, per slot
+    std::vector<ConstrainedWay> ways(slots.size(), ConstrainedWay::None);
     std::vector<LogitRow> rows(slots.size());
     // Where each slot's logits are: read on this thread (llama.cpp's accessors are not
     // thread-safe), sampled below on the pool.
@@ -446,7 +447,7 @@ void Scheduler::sample(const std::vector<Slot *> & slots) {
         const GenerateParams & params = *slots[i]->request.params;
         if (slots[i]->grammar) {
             try {
-                tokens[i] = sample_constrained(slots[i]->sampler.get(), slots[i]->grammar.get(), params, rows[i], cur);
+                tokens[i] = sample_constrained(slots[i]->sampler.get(), *slots[i]->grammar, params, rows[i], cur, ways[i]);
             } catch (const GrammarDeadEnd & e) {
                 failed[i] = e.what();
                 return;
@@ -464,6 +465,7 @@ void Scheduler::sample(const std::vector<Slot *> & slots) {
     chooser_.choose(rows, work, [&](size_t i) -> const GenerateParams & { return *slots[i]->request.params; }, pick);
     stats_.t_sample_ms += ms_since(t0);
     for (size_t i = 0; i < slots.size(); ++i) {
+        count(stats_, ways[i]);
         if (!failed[i].empty()) {
             finish(*slots[i], FinishReason::Error, failed[i]);
         } else {

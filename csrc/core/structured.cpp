@@ -3,12 +3,20 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <atomic>
+#include <condition_variable>
+#include <functional>
+#include <list>
+#include <random>
 #include <set>
+#include <string_view>
+#include <unordered_set>
 
 #include <nlohmann/json.hpp>
 
 #include "core/errors.hpp"
 #include "json-schema-to-grammar.h"
+#include "llama-grammar.h"  // llama.cpp's internals: see "Allowed-token sets by grammar state"
 
 namespace fastpar {
 namespace {
@@ -245,14 +253,374 @@ std::string constraint_grammar(const GenerateParams & params) {
     return std::move(c.grammar);
 }
 
-SamplerPtr GrammarCache::make(const GenerateParams & params) {
+// ---------------------------------------------------------------------------
+// Allowed-token sets by grammar state
+// ---------------------------------------------------------------------------
+// A grammar's state is its stacks (pointers into its rules) and a partly decoded UTF-8
+// character; which tokens it allows next depends on nothing else (llama_grammar_apply_impl).
+// JSON-schema grammars revisit a few states constantly (after a key, inside a string), and
+// masking a large vocabulary costs milliseconds a row, so each state's set is computed once
+// and read by every row of that compilation in that state. The public sampler API hides the
+// state, so this file uses llama.cpp's internal grammar header: the vendored llama.cpp is
+// pinned (scripts/vendor_llama.py), and a version that changes these declarations fails to
+// compile here, the signal to check that the key below still names the whole state.
+
+struct Allowed {
+    std::vector<uint64_t> bits;     // bit t: the state allows token t
+    std::vector<llama_token> ids;   // every allowed token in order, when at most kListed
+    size_t n_allowed = 0;
+    bool allows(llama_token t) const {
+        const auto u = static_cast<size_t>(t);
+        return u / 64 < bits.size() && ((bits[u / 64] >> (u % 64)) & 1U) != 0;
+    }
+    size_t bytes() const { return bits.size() * sizeof(uint64_t) + ids.size() * sizeof(llama_token); }
+};
+
+namespace {
+
+// Sets this small also list their tokens: a refused row then chooses among them alone.
+constexpr size_t kListed = 4096;
+
+std::atomic<bool> g_sets_enabled{true};
+
+// The vocabulary arranged for masking it whole (TokenTree::allowed). A grammar without
+// token terminals (<[id]>) reads a token's text one character after another, so when it
+// allows a token it allows every prefix of that token's text that ends on a whole
+// character; conversely a refused prefix refuses every token that starts with it. A
+// token's parent is the longest other token its text starts with that decodes to whole
+// characters: tokens are masked level by level, parents first, and a token whose parent
+// was refused is refused unread. Most of a large vocabulary then goes unread in a state
+// that allows few tokens (after a key, in a number), where whole masks are needed.
+struct TokenTree {
+    std::vector<std::vector<llama_token>> levels;  // tokens by depth: level 0 has no parent
+    std::vector<llama_token> parent;               // -1: none
+
+    explicit TokenTree(const llama_vocab * vocab) {
+        const int32_t n = llama_vocab_n_tokens(vocab);
+        std::vector<std::string> pieces(static_cast<size_t>(n));
+        std::vector<char> can_parent(static_cast<size_t>(n), 0), can_child(static_cast<size_t>(n), 0);
+        for (llama_token t = 0; t < n; ++t) {
+            std::string & piece = pieces[static_cast<size_t>(t)];
+            piece = token_text(vocab, t);
+            // As the grammar's mask reads it: end-of-generation tokens by their own rule, an
+            // empty text or a NUL never allowed (and NUL ends its decoding).
+            if (llama_vocab_is_eog(vocab, t) || piece.empty() || piece.find('\0') != std::string::npos) {
+                continue;
+            }
+            can_child[static_cast<size_t>(t)] = 1;
+            can_parent[static_cast<size_t>(t)] = whole_characters(piece) ? 1 : 0;
+        }
+        // In the order of their texts, every token that starts with another's text comes
+        // after it, before any text that does not: a stack of the texts the current one
+        // starts with (the longest on top) finds each parent in one pass.
+        std::vector<llama_token> order;
+        order.reserve(static_cast<size_t>(n));
+        for (llama_token t = 0; t < n; ++t) {
+            if (can_child[static_cast<size_t>(t)] != 0) {
+                order.push_back(t);
+            }
+        }
+        std::sort(order.begin(), order.end(), [&](llama_token x, llama_token y) {
+            return pieces[static_cast<size_t>(x)] < pieces[static_cast<size_t>(y)];
+        });
+        parent.assign(static_cast<size_t>(n), -1);
+        std::vector<int32_t> depth(static_cast<size_t>(n), 0);
+        std::vector<llama_token> above;
+        for (const llama_token t : order) {
+            const std::string_view text = pieces[static_cast<size_t>(t)];
+            while (!above.empty()) {
+                const std::string_view up = pieces[static_cast<size_t>(above.back())];
+                if (up.size() < text.size() && text.compare(0, up.size(), up) == 0) {
+                    break;
+                }
+                above.pop_back();
+            }
+            if (!above.empty()) {
+                parent[static_cast<size_t>(t)] = above.back();
+                depth[static_cast<size_t>(t)] = depth[static_cast<size_t>(above.back())] + 1;
+            }
+            if (can_parent[static_cast<size_t>(t)] != 0) {
+                above.push_back(t);
+            }
+        }
+        int32_t max_depth = 0;
+        for (const int32_t d : depth) {
+            max_depth = std::max(max_depth, d);
+        }
+        levels.resize(static_cast<size_t>(max_depth) + 1);
+        for (llama_token t = 0; t < n; ++t) {
+            levels[static_cast<size_t>(depth[static_cast<size_t>(t)])].push_back(t);
+        }
+    }
+
+    // The tokens `g` allows, as a mask of the whole vocabulary would find them (bit t of
+    // `bits`). `g` must have no token terminals and no partly decoded character.
+    void allowed(const llama_grammar & g, std::vector<uint64_t> & bits) const {
+        std::vector<llama_token_data> cur;
+        for (size_t d = 0; d < levels.size(); ++d) {
+            cur.clear();
+            for (const llama_token t : levels[d]) {
+                const llama_token up = parent[static_cast<size_t>(t)];
+                if (up < 0 || ((bits[static_cast<size_t>(up) / 64] >> (static_cast<size_t>(up) % 64)) & 1U) != 0) {
+                    cur.push_back(llama_token_data{t, 0.0f, 0.0f});
+                }
+            }
+            if (cur.empty()) {
+                break;  // no level below has a parent left
+            }
+            llama_token_data_array a{cur.data(), cur.size(), -1, false};
+            llama_grammar_apply_impl(g, &a);
+            for (const llama_token_data & c : cur) {
+                if (c.logit != -INFINITY) {
+                    bits[static_cast<size_t>(c.id) / 64] |= uint64_t{1} << (static_cast<size_t>(c.id) % 64);
+                }
+            }
+        }
+    }
+
+private:
+    static std::string token_text(const llama_vocab * vocab, llama_token t) {
+        // The text the grammar's mask reads: special tokens as text, no space stripped.
+        std::string out(16, '\0');
+        int32_t got = llama_token_to_piece(vocab, t, out.data(), static_cast<int32_t>(out.size()), 0, true);
+        if (got < 0) {
+            out.resize(static_cast<size_t>(-got));
+            got = llama_token_to_piece(vocab, t, out.data(), static_cast<int32_t>(out.size()), 0, true);
+        }
+        out.resize(static_cast<size_t>(std::max(got, 0)));
+        return out;
+    }
+
+    // Whether `s` decodes to whole characters, read as the grammar reads a token's text from
+    // a fresh start: a lead byte's top four bits give the sequence's length (10xx is
+    // invalid), and that many bytes follow whatever they are.
+    static bool whole_characters(std::string_view s) {
+        static const int length[16] = {1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 2, 2, 3, 4};
+        size_t i = 0;
+        while (i < s.size()) {
+            const int len = length[static_cast<uint8_t>(s[i]) >> 4];
+            if (len == 0 || i + static_cast<size_t>(len) > s.size()) {
+                return false;
+            }
+            i += static_cast<size_t>(len);
+        }
+        return true;
+    }
+};
+
+// Whether TokenTree::allowed may mask for `g`'s current state.
+bool tree_serves(const llama_grammar & g, bool token_terminals) {
+    return !token_terminals && !g.awaiting_trigger && g.partial_utf8.n_remain == 0;
+}
+
+bool has_token_terminals(const llama_grammar & g) {
+    for (const llama_grammar_rule & rule : g.rules) {
+        for (const llama_grammar_element & e : rule) {
+            if (e.type == LLAMA_GRETYPE_TOKEN || e.type == LLAMA_GRETYPE_TOKEN_NOT) {
+                return true;
+            }
+        }
+    }
+    return false;
+}
+
+std::shared_ptr<const Allowed> compute_allowed(const llama_grammar & g, const TokenTree * tree) {
+    const int32_t n_vocab = llama_vocab_n_tokens(g.vocab);
+    auto out = std::make_shared<Allowed>();
+    out->bits.assign((static_cast<size_t>(n_vocab) + 63) / 64, 0);
+    if (tree != nullptr) {
+        tree->allowed(g, out->bits);
+    } else {
+        std::vector<llama_token_data> all(static_cast<size_t>(n_vocab));
+        for (int32_t t = 0; t < n_vocab; ++t) {
+            all[static_cast<size_t>(t)] = llama_token_data{t, 0.0f, 0.0f};
+        }
+        llama_token_data_array a{all.data(), all.size(), -1, false};
+        llama_grammar_apply_impl(g, &a);  // what the grammar sampler's mask does
+        for (size_t t = 0; t < all.size(); ++t) {
+            if (all[t].logit != -INFINITY) {
+                out->bits[t / 64] |= uint64_t{1} << (t % 64);
+            }
+        }
+    }
+    for (size_t t = 0; t < static_cast<size_t>(n_vocab); ++t) {
+        out->n_allowed += (out->bits[t / 64] >> (t % 64)) & 1U;
+    }
+    if (out->n_allowed <= kListed) {
+        out->ids.reserve(out->n_allowed);
+        for (size_t t = 0; t < static_cast<size_t>(n_vocab); ++t) {
+            if (((out->bits[t / 64] >> (t % 64)) & 1U) != 0) {
+                out->ids.push_back(static_cast<llama_token>(t));
+            }
+        }
+    }
+    return out;
+}
+
+}  // namespace
+
+class AllowedSets {
+public:
+    AllowedSets(const llama_vocab * vocab, size_t budget) : vocab_(vocab), budget_(budget) {}
+
+    // The vocabulary's TokenTree, built the first time a whole mask is needed.
+    const TokenTree & tree() {
+        std::call_once(tree_once_, [&] { tree_ = std::make_unique<TokenTree>(vocab_); });
+        return *tree_;
+    }
+
+    std::shared_ptr<const Allowed> find(const std::string & key) {
+        std::lock_guard<std::mutex> lock(mutex_);
+        return find_locked(key);
+    }
+
+    // The set of `key`, computed from `g` once: a row that asks while another computes it
+    // waits for that one (rows of one step often reach the same state together).
+    std::shared_ptr<const Allowed> get(const std::string & key, const llama_grammar & g, bool token_terminals) {
+        std::unique_lock<std::mutex> lock(mutex_);
+        for (;;) {
+            if (auto found = find_locked(key)) {
+                return found;
+            }
+            if (computing_.count(key) == 0) {
+                break;
+            }
+            done_.wait(lock);
+        }
+        computing_.insert(key);
+        lock.unlock();
+        std::shared_ptr<const Allowed> set;
+        try {
+            set = compute_allowed(g, tree_serves(g, token_terminals) ? &tree() : nullptr);
+        } catch (...) {
+            lock.lock();
+            computing_.erase(key);
+            done_.notify_all();
+            throw;
+        }
+        lock.lock();
+        computing_.erase(key);
+        insert_locked(key, set);
+        done_.notify_all();
+        return set;
+    }
+
+private:
+    using Lru = std::list<std::pair<std::string, std::shared_ptr<const Allowed>>>;
+
+    std::shared_ptr<const Allowed> find_locked(const std::string & key) {
+        auto it = index_.find(key);
+        if (it == index_.end()) {
+            return nullptr;
+        }
+        lru_.splice(lru_.begin(), lru_, it->second);  // most recently used first
+        return it->second->second;
+    }
+
+    static size_t cost(const std::string & key, const Allowed & set) { return key.size() + set.bytes() + 64; }
+
+    void insert_locked(const std::string & key, const std::shared_ptr<const Allowed> & set) {
+        if (index_.count(key) != 0) {
+            return;
+        }
+        lru_.emplace_front(key, set);
+        index_.emplace(key, lru_.begin());
+        bytes_ += cost(key, *set);
+        while (bytes_ > budget_ && lru_.size() > 1) {  // rows still reading one hold it
+            const auto & last = lru_.back();
+            bytes_ -= cost(last.first, *last.second);
+            index_.erase(last.first);
+            lru_.pop_back();
+        }
+    }
+
+    std::mutex mutex_;
+    std::condition_variable done_;
+    Lru lru_;
+    std::unordered_map<std::string, Lru::iterator> index_;
+    std::unordered_set<std::string> computing_;
+    size_t bytes_ = 0;
+    const llama_vocab * vocab_;
+    const size_t budget_;
+    std::once_flag tree_once_;
+    std::unique_ptr<TokenTree> tree_;
+};
+
+struct RowGrammar {
+    llama_grammar * g = nullptr;        // owned
+    std::shared_ptr<AllowedSets> sets;  // null: every refusal masks with `g` alone
+    uint32_t id = 0;                    // the compilation's part of the key
+    bool token_terminals = false;       // its rules name tokens (<[id]>): no TokenTree
+    // Where each rule's elements start, by address: stack entries point into this copy's
+    // rules (a copy has rules of its own), so the key names them as (rule, offset).
+    std::vector<std::pair<const llama_grammar_element *, uint32_t>> rule_starts;
+
+    ~RowGrammar() { llama_grammar_free_impl(g); }
+
+    // The key of the current state, or false when a stack entry points outside the rules
+    // (never seen; that row then masks with its grammar alone).
+    bool key(std::string & out) const {
+        thread_local std::vector<std::string> stacks;
+        stacks.resize(g->stacks.size());
+        const std::less<const llama_grammar_element *> before;
+        for (size_t i = 0; i < g->stacks.size(); ++i) {
+            std::string & s = stacks[i];
+            s.clear();
+            for (const llama_grammar_element * e : g->stacks[i]) {
+                auto it = std::upper_bound(rule_starts.begin(), rule_starts.end(), e,
+                                           [&](const llama_grammar_element * p, const auto & r) { return before(p, r.first); });
+                if (it == rule_starts.begin()) {
+                    return false;
+                }
+                --it;
+                const llama_grammar_rule & rule = g->rules[it->second];
+                if (!before(e, rule.data() + rule.size())) {
+                    return false;
+                }
+                append(s, it->second);
+                append(s, static_cast<uint32_t>(e - rule.data()));
+            }
+        }
+        // The state is the set of stacks: their order depends on the path that led there.
+        std::sort(stacks.begin(), stacks.end());
+        out.clear();
+        append(out, id);
+        append(out, g->partial_utf8.value);
+        append(out, static_cast<uint32_t>(g->partial_utf8.n_remain));
+        for (const std::string & s : stacks) {
+            append(out, static_cast<uint32_t>(s.size()));
+            out += s;
+        }
+        return true;
+    }
+
+private:
+    static void append(std::string & s, uint32_t v) { s.append(reinterpret_cast<const char *>(&v), sizeof v); }
+};
+
+void RowGrammarDeleter::operator()(RowGrammar * g) const { delete g; }
+void CompiledGrammarDeleter::operator()(llama_grammar * g) const { llama_grammar_free_impl(g); }
+
+void set_allowed_sets_enabled(bool on) { g_sets_enabled.store(on); }
+bool allowed_sets_enabled() { return g_sets_enabled.load(); }
+
+GrammarCache::GrammarCache(const llama_vocab * vocab)
+    : vocab_(vocab), sets_(std::make_shared<AllowedSets>(vocab, kAllowedSetsBudget)) {}
+GrammarCache::~GrammarCache() = default;
+
+GrammarPtr GrammarCache::make(const GenerateParams & params) {
     const std::string text = constraint_grammar(params);
     auto it = entries_.find(text);
     if (it == entries_.end()) {
         Entry e;
+        e.id = static_cast<uint32_t>(entries_.size());
         // llama.cpp reports parse errors on stderr and returns null; it aborts on nothing here.
-        e.compiled.reset(llama_sampler_init_grammar(vocab_, text.c_str(), "root"));
-        if (!e.compiled) {
+        if (!text.empty()) {
+            e.compiled.reset(llama_grammar_init_impl(vocab_, text.c_str(), "root", false, nullptr, 0, nullptr, 0));
+        }
+        if (e.compiled) {
+            e.token_terminals = has_token_terminals(*e.compiled);
+        } else {
             e.error = std::string(params.grammar.empty() ? "the grammar converted from json_schema" : "grammar") +
                       " does not compile: it does not parse as GBNF, names an undefined rule, is left-recursive"
                       " or has no 'root' rule (llama.cpp's message is on stderr)";
@@ -262,26 +630,51 @@ SamplerPtr GrammarCache::make(const GenerateParams & params) {
     if (!it->second.compiled) {
         throw Error(it->second.error);
     }
-    SamplerPtr copy(llama_sampler_clone(it->second.compiled.get()));
-    if (!copy) {
+    GrammarPtr row(new RowGrammar);
+    row->g = llama_grammar_clone_impl(*it->second.compiled);
+    if (row->g == nullptr) {
         throw Error("could not copy a compiled grammar");
     }
-    return copy;
+    row->id = it->second.id;
+    row->token_terminals = it->second.token_terminals;
+    if (allowed_sets_enabled()) {
+        row->sets = sets_;
+        for (size_t r = 0; r < row->g->rules.size(); ++r) {
+            if (!row->g->rules[r].empty()) {
+                row->rule_starts.emplace_back(row->g->rules[r].data(), static_cast<uint32_t>(r));
+            }
+        }
+        std::sort(row->rule_starts.begin(), row->rule_starts.end(), [](const auto & a, const auto & b) {
+            return std::less<const llama_grammar_element *>()(a.first, b.first);
+        });
+    }
+    return row;
+}
+
+void count(Stats & stats, ConstrainedWay way) {
+    switch (way) {
+        case ConstrainedWay::Kept: ++stats.n_grammar_kept; break;
+        case ConstrainedWay::Top: ++stats.n_grammar_top; break;
+        case ConstrainedWay::Wider: ++stats.n_grammar_wider; break;
+        case ConstrainedWay::Whole: ++stats.n_grammar_whole; break;
+        case ConstrainedWay::Cached: ++stats.n_grammar_cached; break;
+        case ConstrainedWay::None: break;
+    }
 }
 
 namespace {
 
 // Whether `grammar` allows `token` next (one candidate through its mask).
-bool allows(llama_sampler * grammar, llama_token token) {
+bool allows(const llama_grammar & grammar, llama_token token) {
     llama_token_data d{token, 0.0f, 0.0f};
     llama_token_data_array a{&d, 1, -1, false};
-    llama_sampler_apply(grammar, &a);
+    llama_grammar_apply_impl(grammar, &a);
     return d.logit != -INFINITY;
 }
 
-void accept_both(llama_sampler * chain, llama_sampler * grammar, llama_token token) {
+void accept_both(llama_sampler * chain, llama_grammar & grammar, llama_token token) {
     try {
-        llama_sampler_accept(grammar, token);
+        llama_grammar_accept_impl(grammar, token);
     } catch (const std::exception & e) {
         // "Unexpected empty grammar stack": the grammar has no state left to go on from.
         throw GrammarDeadEnd(std::string("the grammar failed on the chosen token: ") + e.what());
@@ -289,14 +682,18 @@ void accept_both(llama_sampler * chain, llama_sampler * grammar, llama_token tok
     llama_sampler_accept(chain, token);
 }
 
-// Masks cur[from, to) with the grammar and moves the allowed candidates (in order) to the
-// front of that range; returns how many there are.
-size_t mask(llama_sampler * grammar, std::vector<llama_token_data> & cur, size_t from, size_t to) {
-    llama_token_data_array a{cur.data() + from, to - from, -1, false};
-    llama_sampler_apply(grammar, &a);
+// Moves the allowed candidates of cur[from, to) (in order) to the front of that range;
+// returns how many there are. With `set`, allowed means in it; otherwise the grammar masks.
+// A candidate whose logit is -inf never counts (a mask leaves it so).
+size_t mask(const llama_grammar & grammar, const Allowed * set, std::vector<llama_token_data> & cur, size_t from,
+            size_t to) {
+    if (set == nullptr) {
+        llama_token_data_array a{cur.data() + from, to - from, -1, false};
+        llama_grammar_apply_impl(grammar, &a);
+    }
     size_t kept = from;
     for (size_t i = from; i < to; ++i) {
-        if (cur[i].logit != -INFINITY) {
+        if (cur[i].logit != -INFINITY && (set == nullptr || set->allows(cur[i].id))) {
             cur[kept++] = cur[i];
         }
     }
@@ -307,48 +704,89 @@ bool better(const llama_token_data & a, const llama_token_data & b) {
     return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
 }
 
+float logit_at(const LogitRow & row, size_t t) { return std::isnan(row.logits[t]) ? -INFINITY : row.logits[t]; }
+
 // Candidates checked first when the chain keeps only the best few (greedy or top-k).
 constexpr size_t kFirstChecked = 256;
 
 }  // namespace
 
-llama_token sample_constrained(llama_sampler * chain, llama_sampler * grammar, const GenerateParams & p,
-                               const LogitRow & row, std::vector<llama_token_data> & cur) {
+llama_token sample_constrained(llama_sampler * chain, RowGrammar & rg, const GenerateParams & p,
+                               const LogitRow & row, std::vector<llama_token_data> & cur, ConstrainedWay & way_out) {
+    way_out = ConstrainedWay::None;  // until a token is accepted
+    ConstrainedWay way = ConstrainedWay::None;
     if (row.blocks != nullptr) {
         throw Error("a constrained request needs the whole row of logits");  // LogitReducer::serves
     }
+    llama_grammar & grammar = *rg.g;
+    thread_local std::string key;
+    const bool keyed = rg.sets && rg.key(key);
+    std::shared_ptr<const Allowed> set = keyed ? rg.sets->find(key) : nullptr;
     const llama_token first = sample_logits(chain, p, row, cur, false);
-    if (allows(grammar, first)) {
+    if (set ? set->allows(first) : allows(grammar, first)) {
         accept_both(chain, grammar, first);
+        way_out = ConstrainedWay::Kept;
         return first;
     }
+    way = set ? ConstrainedWay::Cached : ConstrainedWay::Top;
+    // The state's set, computed now (a whole mask, once for every row that comes here).
+    const auto whole_set = [&]() {
+        set = rg.sets->get(key, grammar, rg.token_terminals);
+        way = ConstrainedWay::Whole;
+    };
     // Mask, then let the chain choose among the allowed candidates.
     const auto n = static_cast<size_t>(row.n);
-    cur.resize(n);
-    for (size_t t = 0; t < n; ++t) {
-        cur[t] = llama_token_data{static_cast<llama_token>(t), std::isnan(row.logits[t]) ? -INFINITY : row.logits[t], 0.0f};
-    }
     size_t n_allowed = 0;
     const bool best_few = !has_penalties(p) && (p.temperature <= 0.0f || p.top_k > 0);
     const size_t need = p.temperature <= 0.0f ? 1 : static_cast<size_t>(std::max(p.top_k, 1));
-    if (best_few && n > kFirstChecked + need) {
-        // The chain keeps the `need` best allowed tokens: once that many of the best
-        // candidates are allowed, the rest of the row cannot change its choice. So the
-        // best ones are checked first, in stages 16 times as large, until enough pass.
-        size_t done = 0;
-        for (size_t head = std::max(kFirstChecked, 4 * need); done < n && n_allowed < need; head *= 16) {
-            const size_t end = std::min(n, head);
-            std::nth_element(cur.begin() + static_cast<std::ptrdiff_t>(done),
-                             cur.begin() + static_cast<std::ptrdiff_t>(end - 1), cur.end(), better);
-            const size_t passed = mask(grammar, cur, done, end);
-            std::copy(cur.begin() + static_cast<std::ptrdiff_t>(done),
-                      cur.begin() + static_cast<std::ptrdiff_t>(done + passed),
-                      cur.begin() + static_cast<std::ptrdiff_t>(n_allowed));
-            n_allowed += passed;
-            done = end;
+    if (set && set->n_allowed <= kListed) {
+        // Few allowed tokens: the chain chooses among them alone, in token order, which is
+        // what masking the whole row gives.
+        cur.clear();
+        for (const llama_token t : set->ids) {
+            const float x = logit_at(row, static_cast<size_t>(t));
+            if (x != -INFINITY) {
+                cur.push_back(llama_token_data{t, x, 0.0f});
+            }
         }
+        n_allowed = cur.size();
     } else {
-        n_allowed = mask(grammar, cur, 0, n);
+        cur.resize(n);
+        for (size_t t = 0; t < n; ++t) {
+            cur[t] = llama_token_data{static_cast<llama_token>(t), logit_at(row, t), 0.0f};
+        }
+        if (best_few && n > kFirstChecked + need) {
+            // The chain keeps the `need` best allowed tokens: once that many of the best
+            // candidates are allowed, the rest of the row cannot change its choice. So the
+            // best ones are checked first, in stages 16 times as large, until enough pass.
+            // Without a set, the grammar masks the first stage; the state's set is computed
+            // (when sets are on) only if that stage has too few.
+            size_t done = 0;
+            for (size_t head = std::max(kFirstChecked, 4 * need); done < n && n_allowed < need; head *= 16) {
+                if (done > 0 && !set && keyed) {
+                    whole_set();
+                }
+                const size_t end = std::min(n, head);
+                std::nth_element(cur.begin() + static_cast<std::ptrdiff_t>(done),
+                                 cur.begin() + static_cast<std::ptrdiff_t>(end - 1), cur.end(), better);
+                const size_t passed = mask(grammar, set.get(), cur, done, end);
+                std::copy(cur.begin() + static_cast<std::ptrdiff_t>(done),
+                          cur.begin() + static_cast<std::ptrdiff_t>(done + passed),
+                          cur.begin() + static_cast<std::ptrdiff_t>(n_allowed));
+                n_allowed += passed;
+                if (done > 0 && !set) {
+                    way = end == n ? ConstrainedWay::Whole : ConstrainedWay::Wider;
+                }
+                done = end;
+            }
+        } else {
+            if (!set && keyed) {
+                whole_set();
+            } else if (!set) {
+                way = ConstrainedWay::Whole;
+            }
+            n_allowed = mask(grammar, set.get(), cur, 0, n);
+        }
     }
     if (n_allowed == 0) {
         throw GrammarDeadEnd("the grammar allows no token here (a dead end): the output so far cannot be completed");
@@ -361,6 +799,7 @@ llama_token sample_constrained(llama_sampler * chain, llama_sampler * grammar, c
     }
     const llama_token token = a.data[a.selected].id;
     accept_both(chain, grammar, token);
+    way_out = way;
     return token;
 }
 
@@ -395,7 +834,23 @@ GrammarCosts measure_grammar(const llama_vocab * vocab, const GenerateParams & p
     c.clone_ms = ms(t0) / kClones;
     const int32_t n_vocab = llama_vocab_n_tokens(vocab);
     std::vector<llama_token_data> cur(static_cast<size_t>(n_vocab));
+    // The same walk with the masks TokenTree gives (AllowedSets' whole masks).
+    std::unique_ptr<llama_grammar, CompiledGrammarDeleter> walk(
+        llama_grammar_init_impl(vocab, text.c_str(), "root", false, nullptr, 0, nullptr, 0));
+    t0 = clock::now();
+    const TokenTree tree(vocab);
+    c.tree_ms = ms(t0);
+    const bool token_terminals = has_token_terminals(*walk);
+    std::vector<uint64_t> bits;
     for (size_t k = 0; k < tokens.size(); ++k) {
+        t0 = clock::now();
+        if (tree_serves(*walk, token_terminals)) {
+            bits.assign((static_cast<size_t>(n_vocab) + 63) / 64, 0);
+            tree.allowed(*walk, bits);
+        } else {
+            std::shared_ptr<const Allowed> whole = compute_allowed(*walk, nullptr);
+        }
+        c.mask_tree_ms += ms(t0);
         for (int32_t t = 0; t < n_vocab; ++t) {
             cur[static_cast<size_t>(t)] = llama_token_data{t, 0.0f, 0.0f};
         }
@@ -408,18 +863,63 @@ GrammarCosts measure_grammar(const llama_vocab * vocab, const GenerateParams & p
                 std::count_if(cur.begin(), cur.end(), [](const llama_token_data & d) { return d.logit != -INFINITY; }));
         }
         t0 = clock::now();
-        const bool ok = allows(compiled.get(), tokens[k]);
+        llama_token_data d{tokens[k], 0.0f, 0.0f};
+        llama_token_data_array one{&d, 1, -1, false};
+        llama_sampler_apply(compiled.get(), &one);
+        const bool ok = d.logit != -INFINITY;
         c.check_ms += ms(t0);
         if (!ok) {
             throw InvalidArgument("the grammar does not allow token " + std::to_string(k) + " of the sequence");
         }
         llama_sampler_accept(compiled.get(), tokens[k]);
+        llama_grammar_accept_impl(*walk, tokens[k]);
     }
     if (!tokens.empty()) {
         c.mask_ms /= static_cast<double>(tokens.size());
+        c.mask_tree_ms /= static_cast<double>(tokens.size());
         c.check_ms /= static_cast<double>(tokens.size());
     }
     return c;
+}
+
+MaskComparison compare_masks(const llama_vocab * vocab, const GenerateParams & params, int32_t steps,
+                             uint32_t seed) {
+    const std::string text = constraint_grammar(params);
+    std::unique_ptr<llama_grammar, CompiledGrammarDeleter> g(
+        llama_grammar_init_impl(vocab, text.c_str(), "root", false, nullptr, 0, nullptr, 0));
+    if (!g) {
+        throw InvalidArgument("the grammar does not compile");
+    }
+    const TokenTree tree(vocab);
+    const bool token_terminals = has_token_terminals(*g);
+    std::mt19937 rng(seed);
+    MaskComparison out;
+    for (int32_t step = 0; step < steps; ++step) {
+        const std::shared_ptr<const Allowed> whole = compute_allowed(*g, nullptr);
+        if (tree_serves(*g, token_terminals)) {
+            const std::shared_ptr<const Allowed> pruned = compute_allowed(*g, &tree);
+            ++out.n_compared;
+            if (pruned->bits != whole->bits) {
+                ++out.n_differ;
+            }
+        }
+        ++out.n_states;
+        // On with a token the grammar allows, drawn at random (noise, as from a model with
+        // random weights); the end of generation only when nothing else is left.
+        std::vector<llama_token> next;
+        for (size_t t = 0; t < whole->bits.size() * 64; ++t) {
+            const auto id = static_cast<llama_token>(t);
+            if (whole->allows(id) && !llama_vocab_is_eog(vocab, id)) {
+                next.push_back(id);
+            }
+        }
+        if (next.empty()) {
+            break;
+        }
+        out.n_partial += g->partial_utf8.n_remain != 0 ? 1 : 0;
+        llama_grammar_accept_impl(*g, next[rng() % next.size()]);
+    }
+    return out;
 }
 
 }  // namespace fastpar

@@ -255,10 +255,33 @@ PYBIND11_MODULE(_testing, m) {
             d["mask_ms"] = c.mask_ms;
             d["check_ms"] = c.check_ms;
             d["n_allowed_first"] = c.n_allowed_first;
+            d["tree_ms"] = c.tree_ms;
+            d["mask_tree_ms"] = c.mask_tree_ms;
             return d;
         },
         py::arg("model"), py::arg("params"), py::arg("tokens"),
         "What a json_schema or grammar constraint costs (core/structured.hpp, measure_grammar).");
+    m.def(
+        "compare_masks",
+        [](const std::shared_ptr<Model> & model, const GenerateParams & params, int32_t steps, uint32_t seed) {
+            MaskComparison c;
+            {
+                py::gil_scoped_release released;
+                c = compare_masks(model->vocab(), params, steps, seed);
+            }
+            py::dict d;
+            d["n_states"] = c.n_states;
+            d["n_compared"] = c.n_compared;
+            d["n_differ"] = c.n_differ;
+            d["n_partial"] = c.n_partial;
+            return d;
+        },
+        py::arg("model"), py::arg("params"), py::arg("steps"), py::arg("seed"),
+        "Whole masks of the allowed-token sets against llama.cpp's, along a random walk (core/structured.hpp).");
+    m.def("set_allowed_sets", &set_allowed_sets_enabled, py::arg("on"),
+          "Whether constrained rows share allowed-token sets by grammar state (on by default; read when\n"
+          "a call starts a constrained request). Off: each refusal masks with the row's grammar alone.");
+    m.def("allowed_sets", &allowed_sets_enabled, "Whether constrained rows share allowed-token sets.");
     m.def("stress_task_pool", &fastpar::python::stress_task_pool, py::call_guard<py::gil_scoped_release>(), py::arg("n_workers"),
           py::arg("runs"), py::arg("caller_spin_us") = 0, py::arg("anticipate_us") = 0,
           "Runs that broke the sampling pool's contract (testing.cpp, stress_task_pool).");

@@ -1,0 +1,96 @@
+"""Allowed-token sets shared by grammar state (core/structured.cpp, docs/internals.md):
+outputs are those of masking with each row's grammar alone, and rows in one state reuse a
+set computed once."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import fastpar
+from fastpar import _core, _testing
+
+from test_structured_output import TICKET_SCHEMA, TICKETS, chat, params
+
+
+@pytest.fixture(scope="module")
+def ctx(model: fastpar.Model) -> fastpar.Context:
+    return fastpar.Context(model, n_parallel=8, n_ctx_per_seq=512)
+
+
+def counts(stats) -> dict:
+    return {k: getattr(stats, "n_grammar_" + k) for k in ("kept", "top", "wider", "whole", "cached")}
+
+
+def run(ctx, prompts, p):
+    out = ctx._ctx.generate(prompts, [p], None)
+    return [(c.text, c.finish_reason, list(c.token_ids)) for c in out], counts(ctx.last_stats)
+
+
+# top_k=0: a refused token needs a whole mask (no staged search), so refusals go through the sets.
+CASES = {
+    "greedy": dict(temperature=0.0),
+    "seeded_top_k": dict(temperature=0.9, top_k=40, seed=11),
+    "seeded_whole_row": dict(temperature=1.3, top_k=0, top_p=1.0, seed=5),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_outputs_equal_without_sets(ctx, case):
+    prompts = [chat(f"Ticket: {TICKETS[i % len(TICKETS)]} (#{i}). Answer as JSON.") for i in range(8)]
+    p = params(max_tokens=28, json_schema=json.dumps(TICKET_SCHEMA), **CASES[case])
+    assert _testing.allowed_sets()
+    with_sets, used = run(ctx, prompts, p)
+    _testing.set_allowed_sets(False)
+    try:
+        without, plain = run(ctx, prompts, p)
+    finally:
+        _testing.set_allowed_sets(True)
+    assert with_sets == without
+    assert used["kept"] == plain["kept"]  # the chain's own choices were checked alike
+    assert plain["cached"] == 0
+    if case == "seeded_whole_row":
+        # Refused rows read sets there (computed once each); without them, every one masks whole.
+        assert used["cached"] + used["whole"] == plain["whole"] > 0
+        assert used["cached"] > 0
+
+
+def test_many_rows_on_one_schema_share_sets(model):
+    ctx = fastpar.Context(model, n_parallel=16, n_ctx_per_seq=256)
+    prompts = [chat(f"Ticket #{i}: {TICKETS[i % len(TICKETS)]}. Answer as JSON.") for i in range(32)]
+    p = params(max_tokens=24, temperature=1.5, top_k=0, top_p=1.0, seed=3, json_schema=json.dumps(TICKET_SCHEMA))
+    out = ctx._ctx.generate(prompts, [p], None)
+    s = ctx.last_stats
+    c = counts(s)
+    assert sum(c.values()) == s.n_gen_tokens == sum(len(x.token_ids) for x in out)
+    assert c["wider"] == 0 and c["top"] == 0  # no staged search without top-k
+    # 32 rows start in one state and walk the same keys: each state is masked once.
+    assert c["cached"] > c["whole"] > 0
+    assert c["kept"] > 0
+
+
+GRAMMARS = {
+    "ticket_schema": dict(json_schema=json.dumps(TICKET_SCHEMA)),
+    "nested_schema": dict(json_schema=json.dumps({
+        "type": "object",
+        "properties": {"name": {"type": "string", "pattern": "^[A-Z][a-z]{1,8}$"},
+                       "items": {"type": "array", "items": {"type": "object", "properties": {
+                           "n": {"type": "integer", "minimum": -50, "maximum": 50}, "ok": {"type": "boolean"}},
+                           "required": ["n", "ok"]}, "maxItems": 4}},
+        "required": ["name", "items"]})),
+    # Characters outside ASCII, ranges and negations: partly decoded characters between tokens.
+    "unicode_grammar": dict(grammar='root ::= "«" [^»\\x00-\\x1F]{0,30} "»" ("é" | [α-ω]+ | "日本語")* "."'),
+    "free_text_grammar": dict(grammar='root ::= [^\\n]{0,60} "\\n"'),
+}
+
+
+@pytest.mark.parametrize("name", sorted(GRAMMARS))
+def test_whole_masks_match_llama_cpp(model, name):
+    # The sets' whole masks skip tokens whose prefix was refused; along random walks they
+    # must equal llama.cpp's mask of every token.
+    p = params(**GRAMMARS[name])
+    r = _testing.compare_masks(model._model, p, 40, 1)
+    assert r["n_states"] >= 2
+    assert r["n_differ"] == 0, r
+    assert r["n_compared"] > 0
