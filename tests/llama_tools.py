@@ -26,14 +26,22 @@ def llama_tool(name: str) -> str:
         if not path.exists():
             raise FileNotFoundError(f"FASTPAR_LLAMA_TOOLS={given} holds no {name}")
         return str(path)
-    path = BASELINES / "bin" / name
+    import fastpar
+
+    # A CUDA build of fastpar is measured against CUDA tools (as bench/run.py --gpu builds them).
+    cuda = fastpar.backend() == "cuda"
+    where = ROOT / "build" / "baselines-cuda" if cuda else BASELINES
+    path = where / "bin" / name
     if path.exists():
         return str(path)
-    args = ["cmake", "-S", str(ROOT), "-B", str(BASELINES), "-DCMAKE_BUILD_TYPE=Release",
+    args = ["cmake", "-S", str(ROOT), "-B", str(where), "-DCMAKE_BUILD_TYPE=Release",
             "-DFASTPAR_BUILD_BASELINES=ON", "-DFASTPAR_BUILD_PYTHON=OFF"]
-    if shutil.which("ccache") and not (BASELINES / "CMakeCache.txt").exists():
+    if cuda:
+        args += ["-DFASTPAR_BACKEND=cuda",
+                 f"-DCMAKE_CUDA_ARCHITECTURES={os.environ.get('CMAKE_CUDA_ARCHITECTURES', 'native')}"]
+    if shutil.which("ccache") and not (where / "CMakeCache.txt").exists():
         args += ["-DCMAKE_C_COMPILER_LAUNCHER=ccache", "-DCMAKE_CXX_COMPILER_LAUNCHER=ccache"]
     subprocess.run(args, check=True, stdout=subprocess.DEVNULL)
-    subprocess.run(["cmake", "--build", str(BASELINES), "-j", str(os.cpu_count() or 1), "--target", name],
+    subprocess.run(["cmake", "--build", str(where), "-j", str(os.cpu_count() or 1), "--target", name],
                    check=True, stdout=subprocess.DEVNULL)
     return str(path)
