@@ -53,7 +53,7 @@ int32_t LogitReducer::block_for(int32_t n_vocab) { return block_width(n_vocab, k
 
 bool LogitReducer::serves(const GenerateParams & p) {
     // A grammar's mask may allow none of the candidates: constrained rows come whole.
-    if (has_penalties(p) || p.logprobs || p.top_logprobs > 0 || !p.json_schema.empty() || !p.grammar.empty()) {
+    if (has_penalties(p) || p.logprobs || p.prompt_logprobs || p.top_logprobs > 0 || !p.json_schema.empty() || !p.grammar.empty()) {
         return false;
     }
     return p.temperature <= 0.0f || (p.top_k > 0 && p.top_k <= kTopBlocks);

@@ -123,7 +123,7 @@ std::string Model::description() const {
     return n > 0 ? std::string(buf) : std::string();
 }
 
-std::vector<llama_token> Model::tokenize(const std::string & text) const {
+std::vector<llama_token> Model::tokenize(const std::string & text, bool parse_special, bool add_special) const {
     if (text.size() > static_cast<size_t>(INT32_MAX)) {
         throw InvalidArgument("prompt is too long to tokenize (" + std::to_string(text.size()) + " bytes)");
     }
@@ -131,13 +131,14 @@ std::vector<llama_token> Model::tokenize(const std::string & text) const {
     // Upper bound: one token per byte, plus BOS/EOS.
     std::vector<llama_token> tokens(text.size() + 2);
     int32_t n = llama_tokenize(vocab_, text.data(), len, tokens.data(), static_cast<int32_t>(tokens.size()),
-                               /*add_special=*/true, /*parse_special=*/true);
+                               add_special, parse_special);
     if (n == INT32_MIN) {
         throw InvalidArgument("prompt has too many tokens to represent");
     }
     if (n < 0) {  // the bound above was not enough (cannot happen with byte-level vocabularies)
         tokens.resize(static_cast<size_t>(-n));
-        n = llama_tokenize(vocab_, text.data(), len, tokens.data(), static_cast<int32_t>(tokens.size()), true, true);
+        n = llama_tokenize(vocab_, text.data(), len, tokens.data(), static_cast<int32_t>(tokens.size()),
+                           add_special, parse_special);
         if (n < 0) {
             throw Error("llama_tokenize failed (" + std::to_string(n) + ")");
         }
@@ -145,6 +146,10 @@ std::vector<llama_token> Model::tokenize(const std::string & text) const {
     tokens.resize(static_cast<size_t>(n));
     return tokens;
 }
+
+bool Model::add_bos() const { return llama_vocab_get_add_bos(vocab_); }
+llama_token Model::token_bos() const { return llama_vocab_bos(vocab_); }
+llama_token Model::token_eos() const { return llama_vocab_eos(vocab_); }
 
 std::string Model::token_piece(llama_token token) const {
     char buf[128];

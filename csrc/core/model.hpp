@@ -23,6 +23,9 @@ public:
     const llama_vocab * vocab() const { return vocab_; }
     const std::string & path() const { return path_; }
     int32_t n_vocab() const;
+    bool add_bos() const;           // the vocabulary puts BOS before a text it tokenizes
+    llama_token token_bos() const;  // -1 = none
+    llama_token token_eos() const;  // -1 = none
     int32_t n_ctx_train() const;
     std::string description() const;
     bool has_chat_template() const { return chat_template_ != nullptr; }
@@ -32,7 +35,10 @@ public:
     bool on_gpu() const { return on_gpu_; }
 
     // Tokens of `text`, with the vocabulary's BOS/EOS rules and special tokens parsed.
-    std::vector<llama_token> tokenize(const std::string & text) const;
+    // `parse_special`: text such as "<|im_start|>"
+    // becomes its special token (as prompts are fed), else plain text (llama-perplexity).
+    // `add_special`: BOS/EOS as the vocabulary asks (off: the text's own tokens only).
+    std::vector<llama_token> tokenize(const std::string & text, bool parse_special = true, bool add_special = true) const;
     // The bytes of one token (special tokens render empty); may be part of a UTF-8 character.
     std::string token_piece(llama_token token) const;
     // `messages` rendered with the model's chat template, the assistant turn opened.

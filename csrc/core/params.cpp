@@ -107,6 +107,10 @@ void validate(const GenerateParams & p) {
     if (p.n < 1) {
         bad("n (samples per prompt) must be >= 1, got " + std::to_string(p.n));
     }
+    if (p.prompt_logprobs_from < 1) {
+        bad("prompt_logprobs_from must be >= 1 (the first prompt token has no log-probability), got " +
+            std::to_string(p.prompt_logprobs_from));
+    }
     if (p.top_logprobs < 0 || p.top_logprobs > kMaxTopLogprobs) {
         bad("top_logprobs must be in [0, " + std::to_string(kMaxTopLogprobs) + "], got " +
             std::to_string(p.top_logprobs));

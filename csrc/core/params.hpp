@@ -73,6 +73,13 @@ struct GenerateParams {
     int32_t top_logprobs = 0;     // 0..20: the k most likely tokens and their log-probabilities at each position
     std::string json_schema;      // a JSON schema every output must validate against ("": none)
     std::string grammar;          // a GBNF grammar every output must match ("": none)
+    // Scoring: each prompt token's log-probability given the tokens before it, in
+    // Completion::prompt_logprobs. With max_tokens = 0 the prompt is scored and nothing is
+    // generated (its last token is then never decoded: no logits are needed after it).
+    bool prompt_logprobs = false;
+    // With prompt_logprobs: the first prompt token scored (>= 1; earlier ones get NaN). The
+    // positions before it need no logits and may be copied from another prompt's KV cache.
+    int32_t prompt_logprobs_from = 1;
 };
 
 // Most entries of GenerateParams::top_logprobs (as OpenAI's API allows).
@@ -92,11 +99,14 @@ struct ChatMessage {
     std::string content;
 };
 
-// One prompt: raw text, or chat messages rendered with the model's own template.
+// One prompt: raw text, chat messages rendered with the model's own template, or token ids
+// fed as they are (each checked against the vocabulary when the prompt is admitted).
 struct Prompt {
     std::string text;
     std::vector<ChatMessage> messages;
     bool is_chat = false;
+    std::vector<int32_t> tokens;
+    bool is_tokens = false;
 };
 
 struct TopLogprob {
@@ -113,6 +123,12 @@ struct Completion {
     // With GenerateParams::top_logprobs = k: for each token_ids entry, the k most likely
     // tokens under the model (same log-probabilities as `logprobs`), most likely first.
     std::vector<std::vector<TopLogprob>> top_logprobs;
+    // With GenerateParams::prompt_logprobs: the prompt's tokens, each one's log-probability
+    // given the ones before it (NaN for the first, and before prompt_logprobs_from), and
+    // whether it was the most likely token there (the first of equal maxima).
+    std::vector<int32_t> prompt_token_ids;
+    std::vector<float> prompt_logprobs;
+    std::vector<uint8_t> prompt_greedy;
     FinishReason finish_reason = FinishReason::Error;
     std::string error;                // empty unless finish_reason == Error
     int32_t n_prompt_tokens = 0;      // prompt tokens decoded for this prompt

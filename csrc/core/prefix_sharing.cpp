@@ -38,7 +38,7 @@ void PrefixSharing::decide(std::vector<SharingSlot> & slots) const {
         if (!s.active || !s.prefilling() || s.prompt_size < 2) {
             continue;
         }
-        const size_t limit = s.prompt_size - 1;
+        const size_t limit = std::min(s.prompt_size - 1, s.max_copy);
         size_t best = s.n_fed;  // prompt positions s can hold after a copy now
         size_t donor = 0;
         size_t donor_gain = 0;  // the least gain worth a copy from `donor`

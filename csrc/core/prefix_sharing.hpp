@@ -21,6 +21,9 @@ struct SharingSlot {
     bool active = false;
     size_t n_fed = 0;        // prompt tokens in its KV cache (after a copy: the new count)
     size_t prompt_size = 0;  // its prompt's tokens
+    // Most positions it may take from another slot: those before it must give logits
+    // (scoring, GenerateParams::prompt_logprobs_from) are decoded by the slot itself.
+    size_t max_copy = SIZE_MAX;
     // Decided by PrefixSharing::decide:
     bool waiting = false;  // leaves its prefix to a slot ahead of it that is still decoding it
     bool copied = false;   // copies positions [0, n_fed) from `donor`'s KV cache this step

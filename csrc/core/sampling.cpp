@@ -392,6 +392,23 @@ float token_logprob(const float * logits, int32_t n_vocab, llama_token token) {
     return static_cast<float>(static_cast<double>(logits[token] - max) - std::log(sum));
 }
 
+void score_token(const float * logits, int32_t n_vocab, llama_token token, float & logprob, bool & greedy) {
+    float max = logits[0];
+    int32_t argmax = 0;
+    for (int32_t i = 1; i < n_vocab; ++i) {
+        if (logits[i] > max) {
+            max = logits[i];
+            argmax = i;
+        }
+    }
+    double sum = 0.0;
+    for (int32_t i = 0; i < n_vocab; ++i) {
+        sum += expf(logits[i] - max);
+    }
+    logprob = static_cast<float>(static_cast<double>(logits[token] - max) - std::log(sum));
+    greedy = argmax == token;
+}
+
 void top_logprobs(const float * logits, int32_t n_vocab, int32_t k, std::vector<std::pair<llama_token, float>> & out) {
     out.clear();
     k = std::min(k, n_vocab);

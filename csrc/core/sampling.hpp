@@ -84,6 +84,10 @@ std::pair<std::vector<llama_token>, std::vector<llama_token>> sample_against_lla
 
 // log softmax(logits)[token], over the whole vocabulary.
 float token_logprob(const float * logits, int32_t n_vocab, llama_token token);
+// Scoring a prompt token: log softmax(logits)[token] as llama-perplexity computes it (float
+// exponentials summed in double), so that perplexities agree with llama.cpp's; `greedy`:
+// the token is the row's first maximum (an argmax), as evaluation harnesses check.
+void score_token(const float * logits, int32_t n_vocab, llama_token token, float & logprob, bool & greedy);
 // The k most likely tokens of a row of raw logits with their log-probabilities (log softmax
 // of the whole row, as token_logprob), most likely first; equal logits: lower id first.
 void top_logprobs(const float * logits, int32_t n_vocab, int32_t k, std::vector<std::pair<llama_token, float>> & out);

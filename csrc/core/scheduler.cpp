@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <limits>
 
 #include "core/errors.hpp"
 #include "core/text.hpp"
@@ -43,12 +44,24 @@ struct Scheduler::Slot {
     bool waiting = false;      // this step: leaves its prefix to a slot that decodes it first
     TextStream text;           // its text, streamed or not
     Completion completion;
+    // Scoring (GenerateParams::prompt_logprobs): every prompt token, the last one included
+    // even when it is never decoded (max_tokens = 0), and the first one scored.
+    std::vector<llama_token> scored;
+    size_t score_from = 0;
+    // Scored and done (max_tokens = 0); kept until the next step's prefix sharing, so that
+    // slots waiting for its prefix can still copy it (retire_scored).
+    bool scored_done = false;
     // Set while building a batch:
     int32_t n_plan = 0;        // tokens this slot adds to the batch
     int32_t i_logits = -1;     // batch index whose logits this slot samples, or -1
     bool pad = false;          // adds one throw-away token only, to keep the step one pass
+    int32_t i_score = -1;      // batch index of its first scored row; rows follow one another
+    int32_t n_score = 0;       // rows of logits it scores prompt tokens with
+    size_t p_score = 0;        // prompt position of the first scored row
 
     bool prefilling() const { return n_fed < prompt.size(); }
+    // Scores its prompt and generates nothing: finished once the prompt is decoded.
+    bool score_only() const { return !scored.empty() && request.params->max_tokens == 0; }
 };
 
 Scheduler::Scheduler(const Model & model, llama_context * ctx, llama_batch & batch, const SchedulerOptions & options,
@@ -120,6 +133,18 @@ void Scheduler::admit() {
     };
     const auto tokenize = [this](const Prompt & prompt, Tokenized & out) {
         try {
+            if (prompt.is_tokens) {
+                const int32_t n_vocab = model_.n_vocab();
+                for (size_t i = 0; i < prompt.tokens.size(); ++i) {
+                    if (prompt.tokens[i] < 0 || prompt.tokens[i] >= n_vocab) {
+                        throw InvalidArgument("prompt token " + std::to_string(i) + " is " +
+                                              std::to_string(prompt.tokens[i]) + ", not a token id of this model (0 to " +
+                                              std::to_string(n_vocab - 1) + ")");
+                    }
+                }
+                out.tokens.assign(prompt.tokens.begin(), prompt.tokens.end());
+                return;
+            }
             out.tokens = model_.tokenize(prompt.is_chat ? model_.apply_chat_template(prompt.messages) : prompt.text);
         } catch (const std::exception & e) {
             out.failed = true;
@@ -161,17 +186,33 @@ void Scheduler::admit() {
                                    "prompt is empty: it tokenizes to no tokens, so there is nothing to continue");
                 continue;
             }
-            if (tokens.size() >= static_cast<size_t>(n_ctx_seq_)) {
+            // Scoring alone never decodes the last token, and keeps no position for
+            // generation: n_ctx_seq positions score n_ctx_seq + 1 tokens.
+            const bool score_only = params.prompt_logprobs && params.max_tokens == 0;
+            if (tokens.size() >= static_cast<size_t>(n_ctx_seq_) + (score_only ? 2 : 0)) {
                 ++stats_.n_failed;
                 complete_unstarted(request, FinishReason::Error,
                                    "prompt has " + std::to_string(tokens.size()) + " tokens, but n_ctx_per_seq=" +
                                        std::to_string(n_ctx_seq_) + " allows at most " +
-                                       std::to_string(n_ctx_seq_ - 1) +
-                                       " (one position is kept for generation); raise n_ctx_per_seq or shorten it");
+                                       (score_only ? std::to_string(n_ctx_seq_ + 1) + " to score"
+                                                   : std::to_string(n_ctx_seq_ - 1) +
+                                                         " (one position is kept for generation)") +
+                                       "; raise n_ctx_per_seq or shorten it");
                 continue;
             }
-            if (params.max_tokens == 0) {
-                complete_unstarted(request, FinishReason::Length, "");
+            if (params.max_tokens == 0 && (!score_only || tokens.size() < 2)) {
+                if (!score_only) {
+                    complete_unstarted(request, FinishReason::Length, "");
+                    continue;
+                }
+                // One token: nothing to decode, nothing to score but the first.
+                Completion c;
+                c.finish_reason = FinishReason::Length;
+                c.prompt_token_ids.assign(tokens.begin(), tokens.end());
+                c.prompt_logprobs.assign(tokens.size(), std::numeric_limits<float>::quiet_NaN());
+                c.prompt_greedy.assign(tokens.size(), 0);
+                c.t_queued_ms = c.t_total_ms = ms_since(request.t_submit);
+                request.on_done(std::move(c));
                 continue;
             }
             GrammarPtr grammar;
@@ -194,13 +235,24 @@ void Scheduler::admit() {
             if (request.on_start) {
                 request.on_start();
             }
+            slot.completion = Completion();
+            slot.scored.clear();
+            if (params.prompt_logprobs) {
+                slot.scored = tokens;
+                slot.score_from = static_cast<size_t>(params.prompt_logprobs_from);
+                slot.completion.prompt_token_ids.assign(tokens.begin(), tokens.end());
+                slot.completion.prompt_logprobs.assign(tokens.size(), std::numeric_limits<float>::quiet_NaN());
+                slot.completion.prompt_greedy.assign(tokens.size(), 0);
+                if (score_only) {
+                    tokens.pop_back();  // its logits would predict nothing
+                }
+            }
             slot.request = std::move(request);
             slot.prompt = std::move(tokens);
             slot.n_fed = 0;
             slot.n_past = 0;
             slot.pending = -1;
             slot.text.reset(static_cast<bool>(slot.request.on_text));
-            slot.completion = Completion();
             slot.completion.t_queued_ms = ms_since(slot.request.t_submit);
             slot.active = true;
             if (policy_.share_prefixes || policy_.share_samples) {
@@ -237,6 +289,8 @@ void Scheduler::share_prefixes() {
         h.active = s.active;
         h.n_fed = s.n_fed;
         h.prompt_size = s.prompt.size();
+        // A scoring slot decodes every position whose logits score a token itself.
+        h.max_copy = s.scored.empty() ? SIZE_MAX : s.score_from - 1;
     }
     sharing_.decide(sharing_slots_);
     for (size_t i = 0; i < slots_.size(); ++i) {
@@ -277,10 +331,26 @@ void Scheduler::choose_sampler(Slot & slot, const GenerateParams & params, uint3
 
 // Which slots add which tokens is plan_step's (step_plan.hpp); this builds its input from
 // the slots and decodes what it planned.
+bool Scheduler::retire_scored() {
+    bool any = false;
+    for (auto & s : slots_) {
+        if (s->active && s->scored_done) {
+            finish(*s, FinishReason::Length);  // max_tokens = 0: scored, nothing to generate
+            any = true;
+        }
+    }
+    return any;
+}
+
 void Scheduler::step() {
     reap_cancelled();
     admit();
     share_prefixes();
+    if (retire_scored()) {
+        // Their slots take the next prompts now, which may share with the others.
+        admit();
+        share_prefixes();
+    }
     for (size_t i = 0; i < slots_.size(); ++i) {
         const Slot & s = *slots_[i];
         SlotState & p = plan_slots_[i];
@@ -313,6 +383,7 @@ void Scheduler::decode_group(std::vector<Slot *> group) {
     int64_t n_prompt_tokens = 0, n_gen_tokens = 0, n_padding = 0;
     for (Slot * s : group) {
         s->i_logits = -1;
+        s->n_score = 0;
         if (s->pad) {
             // Any token: its KV entry is removed after the call.
             batch_add(batch_, 0, s->n_past, s->seq, false);
@@ -320,11 +391,17 @@ void Scheduler::decode_group(std::vector<Slot *> group) {
         } else if (s->prefilling()) {
             const bool last_chunk = s->n_fed + static_cast<size_t>(s->n_plan) == s->prompt.size();
             for (int32_t j = 0; j < s->n_plan; ++j) {
-                const bool logits = last_chunk && j == s->n_plan - 1;
-                const llama_token token = s->prompt[s->n_fed + static_cast<size_t>(j)];
-                const int32_t i = batch_add(batch_, token, s->n_past + j, s->seq, logits);
-                if (logits) {
+                const size_t p = s->n_fed + static_cast<size_t>(j);
+                const bool gen_logits = last_chunk && j == s->n_plan - 1 && !s->score_only();
+                // Row p's logits score token p + 1 (scored rows of a chunk are consecutive).
+                const bool score = !s->scored.empty() && p + 1 >= s->score_from && p + 1 < s->scored.size();
+                const int32_t i = batch_add(batch_, s->prompt[p], s->n_past + j, s->seq, gen_logits || score);
+                if (gen_logits) {
                     s->i_logits = i;
+                }
+                if (score && s->n_score++ == 0) {
+                    s->i_score = i;
+                    s->p_score = p;
                 }
             }
             n_prompt_tokens += s->n_plan;
@@ -336,7 +413,7 @@ void Scheduler::decode_group(std::vector<Slot *> group) {
 
     if (device_ != nullptr) {
         const bool all_on_device = std::all_of(group.begin(), group.end(),
-                                               [](const Slot * s) { return s->i_logits < 0 || s->on_device; });
+                                               [](const Slot * s) { return (s->i_logits < 0 && s->n_score == 0) || s->on_device; });
         device_->reducer->expect(batch_, all_on_device);
     }
     const auto t0 = Clock::now();
@@ -368,7 +445,9 @@ void Scheduler::decode_group(std::vector<Slot *> group) {
 
     if (rc == 0) {
         const auto t_sample = Clock::now();
+        score(group);
         std::vector<Slot *> ready;
+        std::vector<Slot *> scored_all;
         for (Slot * s : group) {
             if (s->prefilling()) {
                 s->n_fed += static_cast<size_t>(s->n_plan);
@@ -378,7 +457,12 @@ void Scheduler::decode_group(std::vector<Slot *> group) {
             s->n_past += s->n_plan;
             if (s->i_logits >= 0) {
                 ready.push_back(s);
+            } else if (s->score_only() && !s->prefilling()) {
+                scored_all.push_back(s);
             }
+        }
+        for (Slot * s : scored_all) {
+            s->scored_done = true;  // retire_scored ends it, after the next step's copies
         }
         sample(ready);
         stats_.t_gen_ms += ms_since(t_sample);
@@ -413,6 +497,49 @@ void Scheduler::decode_group(std::vector<Slot *> group) {
         return;
     }
     finish(s, FinishReason::Error, decode_error_message(rc));
+}
+
+// Scoring rows (GenerateParams::prompt_logprobs): the log-probability of each scored prompt
+// token and whether it was the most likely, rows shared out over the pool.
+void Scheduler::score(const std::vector<Slot *> & group) {
+    struct Row {
+        const float * logits;
+        llama_token token;
+        Slot * slot;
+        size_t pos;  // of the scored token
+        float logprob;
+        bool greedy;
+    };
+    std::vector<Row> rows;
+    for (Slot * s : group) {
+        for (int32_t k = 0; k < s->n_score; ++k) {
+            // Read on this thread: llama.cpp's accessors are not thread-safe.
+            const float * logits = llama_get_logits_ith(ctx_, s->i_score + k);
+            if (logits == nullptr) {
+                throw Error("llama.cpp returned no logits for a prompt token that asked for them");
+            }
+            const size_t pos = s->p_score + static_cast<size_t>(k) + 1;
+            rows.push_back(Row{logits, s->scored[pos], s, pos, 0.0f, false});
+        }
+    }
+    if (rows.empty()) {
+        return;
+    }
+    const auto t0 = Clock::now();
+    const int32_t n_vocab = model_.n_vocab();
+    const auto one = [&](size_t i) { score_token(rows[i].logits, n_vocab, rows[i].token, rows[i].logprob, rows[i].greedy); };
+    if (pool_ != nullptr && rows.size() > 1) {
+        pool_->run(rows.size(), one);
+    } else {
+        for (size_t i = 0; i < rows.size(); ++i) {
+            one(i);
+        }
+    }
+    for (const Row & r : rows) {
+        r.slot->completion.prompt_logprobs[r.pos] = r.logprob;
+        r.slot->completion.prompt_greedy[r.pos] = r.greedy ? 1 : 0;
+    }
+    stats_.t_sample_ms += ms_since(t0);
 }
 
 void Scheduler::sample(const std::vector<Slot *> & slots) {
@@ -526,6 +653,8 @@ void Scheduler::finish(Slot & s, FinishReason reason, const std::string & error)
     s.on_device = false;
     s.active = false;
     s.prompt.clear();
+    s.scored.clear();
+    s.scored_done = false;
     s.n_fed = 0;
     s.n_past = 0;
     if (reason == FinishReason::Error) {

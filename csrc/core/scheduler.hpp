@@ -109,6 +109,8 @@ private:
     void share_prefixes();
     void emit_text(Slot & slot);
     void decode_group(std::vector<Slot *> group);
+    void score(const std::vector<Slot *> & group);
+    bool retire_scored();
     void sample(const std::vector<Slot *> & slots);
     void accept_token(Slot & slot, llama_token token, float logprob, std::vector<std::pair<llama_token, float>> & top);
     void finish(Slot & slot, FinishReason reason, const std::string & error = std::string());

@@ -1,4 +1,5 @@
 #include <chrono>
+#include <cmath>
 #include <optional>
 #include <variant>
 
@@ -64,6 +65,9 @@ Prompt to_prompt(const PromptIn & in) {
     Prompt p;
     if (const auto * text = std::get_if<std::string>(&in)) {
         p.text = *text;
+    } else if (const auto * tokens = std::get_if<std::vector<int32_t>>(&in)) {
+        p.tokens = *tokens;
+        p.is_tokens = true;
     } else {
         p.messages = std::get<std::vector<ChatMessage>>(in);
         p.is_chat = true;
@@ -102,6 +106,8 @@ void register_generate(py::module_ & m) {
         .def_readwrite("top_logprobs", &GenerateParams::top_logprobs)
         .def_readwrite("json_schema", &GenerateParams::json_schema)
         .def_readwrite("grammar", &GenerateParams::grammar)
+        .def_readwrite("prompt_logprobs", &GenerateParams::prompt_logprobs)
+        .def_readwrite("prompt_logprobs_from", &GenerateParams::prompt_logprobs_from)
         .def("validate", [](const GenerateParams & p) { validate(p); },
              "Raises ValueError naming the first option out of range.");
     m.attr("MAX_TOP_LOGPROBS") = kMaxTopLogprobs;
@@ -122,6 +128,24 @@ void register_generate(py::module_ & m) {
                                    }
                                    return out;
                                })
+        .def_readonly("prompt_token_ids", &Completion::prompt_token_ids)
+        .def_property_readonly("prompt_logprobs",
+                               [](const Completion & c) -> py::object {
+                                   // None where a token has no log-probability (the first).
+                                   py::list out;
+                                   for (float v : c.prompt_logprobs) {
+                                       out.append(std::isnan(v) ? py::object(py::none()) : py::object(py::float_(v)));
+                                   }
+                                   return out;
+                               })
+        .def_property_readonly("prompt_greedy",
+                               [](const Completion & c) {
+                                   py::list out;
+                                   for (uint8_t v : c.prompt_greedy) {
+                                       out.append(py::bool_(v != 0));
+                                   }
+                                   return out;
+                               })
         .def_property_readonly("finish_reason", [](const Completion & c) { return finish_reason_name(c.finish_reason); })
         .def_property_readonly("error", [](const Completion & c) -> py::object {
             return c.finish_reason == FinishReason::Error ? py::object(py::str(c.error)) : py::object(py::none());
@@ -135,7 +159,7 @@ void register_generate(py::module_ & m) {
     def_record(completion, "Completion",
                {"finish_reason", "error", "n_prompt_tokens", "n_prompt_tokens_shared", "n_gen_tokens", "t_total_ms",
                 "text"},
-               {"text", "token_ids", "logprobs", "top_logprobs", "finish_reason", "error", "n_prompt_tokens", "n_prompt_tokens_shared",
+               {"text", "token_ids", "logprobs", "top_logprobs", "prompt_token_ids", "prompt_logprobs", "prompt_greedy", "finish_reason", "error", "n_prompt_tokens", "n_prompt_tokens_shared",
                 "n_gen_tokens", "t_queued_ms", "t_first_token_ms", "t_total_ms"});
 
     auto stats = py::class_<Stats>(m, "Stats", "Statistics of one generate call.")

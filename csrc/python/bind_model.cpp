@@ -61,8 +61,13 @@ void register_model(py::module_ & m) {
         .def_property_readonly("n_ctx_train", &Model::n_ctx_train)
         .def_property_readonly("description", &Model::description)
         .def_property_readonly("has_chat_template", &Model::has_chat_template)
-        .def("tokenize", &Model::tokenize, py::arg("text"),
-             "Token ids of text, as generate would feed them (special tokens parsed).")
+        .def("tokenize", &Model::tokenize, py::arg("text"), py::arg("parse_special") = true,
+             py::arg("add_special") = true,
+             "Token ids of text, as generate would feed them (special tokens parsed unless parse_special=False;\n"
+             "BOS/EOS as the vocabulary asks unless add_special=False).")
+        .def_property_readonly("add_bos", &Model::add_bos)
+        .def_property_readonly("token_bos", &Model::token_bos)
+        .def_property_readonly("token_eos", &Model::token_eos)
         .def("apply_chat_template", &Model::apply_chat_template, py::arg("messages"),
              "Messages rendered with the model's chat template, assistant turn opened.");
 

@@ -11,8 +11,9 @@
 
 namespace fastpar::python {
 
-// What Python passes as one prompt: raw text, or chat messages (checked in src/fastpar).
-using PromptIn = std::variant<std::string, std::vector<ChatMessage>>;
+// What Python passes as one prompt: raw text, chat messages, or token ids (checked in
+// src/fastpar; an empty list is an empty chat).
+using PromptIn = std::variant<std::string, std::vector<ChatMessage>, std::vector<int32_t>>;
 Prompt to_prompt(const PromptIn & in);
 
 void register_errors(pybind11::module_ & m);

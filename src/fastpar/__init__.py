@@ -16,6 +16,7 @@ from ._core import Completion, EngineClosed, EngineStats, FastparError, ModelLoa
 from ._engine import Engine, Request
 from ._core import backend as _backend
 from ._models import default_model_path
+from ._scoring import Loglikelihood, Perplexity, RollingLoglikelihood, loglikelihood, loglikelihood_rolling, perplexity
 from ._version import __version__
 
 __all__ = [
@@ -25,16 +26,22 @@ __all__ = [
     "EngineClosed",
     "EngineStats",
     "FastparError",
+    "Loglikelihood",
     "Model",
     "ModelLoadError",
+    "Perplexity",
     "QueueFull",
     "Request",
+    "RollingLoglikelihood",
     "SamplingParams",
     "Stats",
     "__version__",
     "backend",
     "default_model_path",
     "generate_parallel",
+    "loglikelihood",
+    "loglikelihood_rolling",
+    "perplexity",
     "get_include",
     "get_library",
 ]

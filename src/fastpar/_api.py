@@ -272,6 +272,7 @@ _OPTIONS = {
     "n": (_GENERATE_DEFAULTS.n, int),
     "json_schema": (None, Union[None, str, Mapping[str, Any]]),
     "grammar": (None, Optional[str]),
+    "prompt_logprobs": (_GENERATE_DEFAULTS.prompt_logprobs, bool),
 }
 
 
@@ -308,6 +309,9 @@ class SamplingParams:
     ``n`` (samples of the prompt: decoded once, sample j seeded ``seed + j``),
     ``json_schema`` (a dict or a JSON string, kept as JSON text: every output validates
     against it) and ``grammar`` (GBNF text every output matches); not both.
+    ``prompt_logprobs``: each prompt token's log-probability given the tokens before it, in
+    ``Completion.prompt_logprobs`` (None for the first token; ``prompt_token_ids`` and
+    ``prompt_greedy`` beside it).
 
     Raises ``TypeError`` for a wrong type and ``ValueError`` for a value out of range, here.
     """
@@ -329,6 +333,7 @@ class SamplingParams:
     n: int = _OPTIONS["n"][0]
     json_schema: Optional[str] = None
     grammar: Optional[str] = None
+    prompt_logprobs: bool = _OPTIONS["prompt_logprobs"][0]
 
     def __post_init__(self) -> None:
         stop = self.stop
@@ -393,6 +398,7 @@ def _to_core(sp: SamplingParams) -> _core.GenerateParams:
         params.json_schema = _text(sp.json_schema, "json_schema")
     if sp.grammar is not None:
         params.grammar = _text(sp.grammar, "grammar")
+    params.prompt_logprobs = _bool("prompt_logprobs", sp.prompt_logprobs)
     params.validate()  # ranges, from the core: ValueError naming the option
     return params
 
@@ -450,7 +456,7 @@ def generate_parallel(
     are shorthand for one ``SamplingParams`` (``max_tokens``, ``temperature`` (0 =
     greedy), ``top_k``, ``top_p``, ``min_p``, ``repeat_penalty``, ``presence_penalty``,
     ``frequency_penalty``, ``repeat_last_n``, ``seed``, ``stop``, ``ignore_eos``,
-    ``logprobs``, ``top_logprobs``, ``n``, ``json_schema``, ``grammar``; defaults from the
+    ``logprobs``, ``top_logprobs``, ``n``, ``json_schema``, ``grammar``, ``prompt_logprobs``; defaults from the
     core's ``GenerateParams``); ``params`` and keyword options together are a
     ``TypeError``. ``seed=None`` draws one random seed per ``SamplingParams`` given: with
     one for all prompts, every prompt gets the same seed (so a prompt's output does not

@@ -1,0 +1,47 @@
+"""llama.cpp's own tools, built from the vendored source, as anchors for fastpar's numbers.
+
+`llama_tool(name)` builds one target of the `FASTPAR_BUILD_BASELINES` configuration in
+build/baselines (bench/run.py builds its baselines there too) and returns its path; an
+already built tool is reused. With ccache on the PATH the build goes through it, so that
+llama.cpp's and ggml's objects come from the cache the wheel's build filled (.ci/run sets
+that up) and only llama.cpp's `common` library and the tool itself are compiled anew.
+FASTPAR_LLAMA_TOOLS names a folder that already holds the tools (a build elsewhere).
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import shutil
+import subprocess
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+BASELINES = ROOT / "build" / "baselines"
+
+
+def llama_tool(name: str) -> str:
+    given = os.environ.get("FASTPAR_LLAMA_TOOLS")
+    if given:
+        path = pathlib.Path(given) / name
+        if not path.exists():
+            raise FileNotFoundError(f"FASTPAR_LLAMA_TOOLS={given} holds no {name}")
+        return str(path)
+    import fastpar
+
+    # A CUDA build of fastpar is measured against CUDA tools (as bench/run.py --gpu builds them).
+    cuda = fastpar.backend() == "cuda"
+    where = ROOT / "build" / "baselines-cuda" if cuda else BASELINES
+    path = where / "bin" / name
+    if path.exists():
+        return str(path)
+    args = ["cmake", "-S", str(ROOT), "-B", str(where), "-DCMAKE_BUILD_TYPE=Release",
+            "-DFASTPAR_BUILD_BASELINES=ON", "-DFASTPAR_BUILD_PYTHON=OFF"]
+    if cuda:
+        args += ["-DFASTPAR_BACKEND=cuda",
+                 f"-DCMAKE_CUDA_ARCHITECTURES={os.environ.get('CMAKE_CUDA_ARCHITECTURES', 'native')}"]
+    if shutil.which("ccache") and not (where / "CMakeCache.txt").exists():
+        args += ["-DCMAKE_C_COMPILER_LAUNCHER=ccache", "-DCMAKE_CXX_COMPILER_LAUNCHER=ccache"]
+    subprocess.run(args, check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(["cmake", "--build", str(where), "-j", str(os.cpu_count() or 1), "--target", name],
+                   check=True, stdout=subprocess.DEVNULL)
+    return str(path)
