@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <memory>
 #include <string>
 #include <unordered_set>
@@ -229,9 +230,114 @@ private:
     const std::string & path_;
 };
 
+// Walks the file's header up to its tensor infos, checking each type field against its
+// enum's range. gguf reads these fields straight into `enum gguf_type` / `enum ggml_type`
+// and checks the range afterwards; a value outside the enum's range is undefined
+// behaviour in C++ before that check runs (UBSan reports it), so such files stop here.
+// Anything else this walk does not understand ends it quietly: gguf reports it.
+class TypeScan {
+public:
+    explicit TypeScan(const std::string & path) : path_(path), f_(std::fopen(path.c_str(), "rb")) {}
+    ~TypeScan() {
+        if (f_ != nullptr) {
+            std::fclose(f_);
+        }
+    }
+    TypeScan(const TypeScan &) = delete;
+    TypeScan & operator=(const TypeScan &) = delete;
+
+    void run() {
+        char magic[4];
+        uint32_t version = 0;
+        uint64_t n_tensors = 0;
+        uint64_t n_kv = 0;
+        if (f_ == nullptr || std::fread(magic, 1, 4, f_) != 4 || std::string(magic, 4) != "GGUF" || !get(version) ||
+            (version != 2 && version != 3) || !get(n_tensors) || !get(n_kv)) {
+            return;
+        }
+        for (uint64_t i = 0; i < n_kv; ++i) {
+            std::string key;
+            uint32_t type = 0;
+            if (!string(&key) || !get(type)) {
+                return;
+            }
+            uint64_t n = 1;
+            if (type == GGUF_TYPE_ARRAY) {
+                if (!get(type) || !get(n)) {
+                    return;
+                }
+            }
+            if (type >= GGUF_TYPE_COUNT || type == GGUF_TYPE_ARRAY) {
+                fail("key '" + key + "' has invalid value type " + std::to_string(type));
+            }
+            if (!skip_values(type, n)) {
+                return;
+            }
+        }
+        for (uint64_t i = 0; i < n_tensors; ++i) {
+            std::string name;
+            uint32_t n_dims = 0;
+            uint32_t type = 0;
+            if (!string(&name) || !get(n_dims) || n_dims > GGML_MAX_DIMS ||
+                std::fseek(f_, static_cast<long>(8 * n_dims), SEEK_CUR) != 0 || !get(type)) {
+                return;
+            }
+            if (type >= GGML_TYPE_COUNT) {
+                fail("tensor '" + name + "' has invalid ggml type " + std::to_string(type));
+            }
+            uint64_t offset = 0;
+            if (!get(offset)) {
+                return;
+            }
+        }
+    }
+
+private:
+    [[noreturn]] void fail(const std::string & what) const {
+        throw ModelLoadError("model '" + path_ + "' is malformed: " + what);
+    }
+    template <typename T> bool get(T & v) { return std::fread(&v, sizeof v, 1, f_) == 1; }
+    // A gguf string: its length, then its bytes (kept only when `out` is given).
+    bool string(std::string * out) {
+        uint64_t len = 0;
+        if (!get(len) || len > (uint64_t{1} << 30)) {
+            return false;
+        }
+        if (out == nullptr) {
+            return std::fseek(f_, static_cast<long>(len), SEEK_CUR) == 0;
+        }
+        out->resize(len);
+        return len == 0 || std::fread(&(*out)[0], 1, len, f_) == len;
+    }
+    bool skip_values(uint32_t type, uint64_t n) {
+        if (type == GGUF_TYPE_STRING) {
+            for (uint64_t j = 0; j < n; ++j) {
+                if (!string(nullptr)) {
+                    return false;
+                }
+            }
+            return true;
+        }
+        uint64_t size = 0;
+        switch (type) {
+            case GGUF_TYPE_UINT8: case GGUF_TYPE_INT8: case GGUF_TYPE_BOOL: size = 1; break;
+            case GGUF_TYPE_UINT16: case GGUF_TYPE_INT16: size = 2; break;
+            case GGUF_TYPE_UINT32: case GGUF_TYPE_INT32: case GGUF_TYPE_FLOAT32: size = 4; break;
+            case GGUF_TYPE_UINT64: case GGUF_TYPE_INT64: case GGUF_TYPE_FLOAT64: size = 8; break;
+            default: return false;
+        }
+        return size > 0 && n <= (uint64_t{1} << 40) / size &&
+               std::fseek(f_, static_cast<long>(n * size), SEEK_CUR) == 0;
+    }
+
+    const std::string & path_;
+    FILE * f_;
+};
+
 }  // namespace
 
 void check_gguf(const std::string & path) {
+    TypeScan(path).run();
     gguf_init_params gp{};
     gp.no_alloc = true;
     std::unique_ptr<gguf_context, GgufFree> g(gguf_init_from_file(path.c_str(), gp));

@@ -19,7 +19,9 @@ namespace fastpar {
 //  - a vector (1-D tensor: a norm or a bias) that is not F32, or a matrix of a type ggml's
 //    CPU backend has no dot product for (integer types, F64, Q8_1, Q8_K);
 //  - no tokenizer (tokenizer.ggml.model "none" / "no_vocab"), or a vocabulary that lists
-//    one token text twice.
+//    one token text twice;
+//  - a value type or a tensor type outside its enum (gguf reads it into the enum before
+//    checking the range: undefined behaviour).
 void check_gguf(const std::string & path);
 
 }  // namespace fastpar
