@@ -270,7 +270,8 @@ def test_many_streams_with_clients_leaving(model, tmp_path):
     with open(log, "w") as f:
         proc = subprocess.Popen([sys.executable, "-m", "fastpar", "serve", model.path, "--port", str(port),
                                  "--n-parallel", "16", "--n-ctx-per-seq", "256", "--n-gpu-layers", str(N_GPU_LAYERS),
-                                 "--log-level", "warning"], stdout=f, stderr=subprocess.STDOUT)
+                                 # one core left for the HTTP side (this process's 64 clients)
+                                 "--n-threads", "1", "--log-level", "warning"], stdout=f, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120
@@ -349,7 +350,12 @@ def test_many_streams_with_clients_leaving(model, tmp_path):
         while (h := httpx.get(base + "/health").json())["slots_busy"] or h["queue_depth"]:
             assert time.monotonic() < deadline, h
             time.sleep(0.05)
-        assert len(health_times) > 20 and max(health_times) < 0.1, sorted(health_times)[-5:]
+        # /health never waits for generation. On a machine that other processes load, the
+        # operating system alone can hold a process back for longer than 100 ms now and
+        # then: 99% of the answers within 100 ms, and none later than half a second.
+        health_times.sort()
+        assert len(health_times) > 20, len(health_times)
+        assert health_times[int(0.99 * len(health_times))] < 0.1 and health_times[-1] < 0.5, health_times[-10:]
         assert rss2 < rss1 * 1.05, (rss1, rss2)
         m = httpx.get(base + "/metrics").text
         assert 'outcome="client_disconnect"' in m
@@ -415,3 +421,50 @@ def test_batch_file_interrupted_and_resumed(model, tmp_path):
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0 and out.read_text().count("\n") == len(records)
     assert os.path.getsize(out) > 0
+
+
+# -- a client nobody here wrote: lm-evaluation-harness ---------------------------------------------
+
+def test_lm_eval_harness_local_completions(url, engine, tmp_path, monkeypatch):
+    lm_eval = pytest.importorskip("lm_eval")
+    from lm_eval.tasks import TaskManager
+
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")  # the task's data is a local file
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf"))
+    prompts = ["The capital of France is", "Water boils at", "The three primary colors are", "In 1969, humans",
+               "The largest planet in the solar system is", "A good name for a cat is"]
+    # Half the targets are what the model answers (greedy, up to a newline), half are not:
+    # the harness must score exactly 0.5 from the server's answers.
+    answers = [engine.generate(p, max_tokens=8, temperature=0.0, stop=["\n"]).text for p in prompts]
+    docs = [{"prompt": p, "target": a if i % 2 == 0 else a + " (not this)"}
+            for i, (p, a) in enumerate(zip(prompts, answers))]
+    (tmp_path / "qa.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
+    (tmp_path / "fastpar_qa.yaml").write_text(f"""task: fastpar_qa
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {tmp_path / "qa.jsonl"}
+test_split: test
+output_type: generate_until
+doc_to_text: "{{{{prompt}}}}"
+doc_to_target: "{{{{target}}}}"
+generation_kwargs:
+  until: ["\\n"]
+  max_gen_toks: 8
+  do_sample: false
+  temperature: 0
+metric_list:
+  - metric: exact_match
+    aggregation: mean
+    higher_is_better: true
+""")
+    out = lm_eval.simple_evaluate(
+        model="local-completions",
+        model_args={"base_url": url + "/v1/completions", "model": "smol", "tokenizer_backend": None,
+                    "tokenized_requests": False, "num_concurrent": 4, "max_retries": 1},
+        tasks=["fastpar_qa"], task_manager=TaskManager(include_path=str(tmp_path)), log_samples=True)
+    samples = out["samples"]["fastpar_qa"]
+    got = {s["doc"]["prompt"]: s["resps"][0][0] for s in samples}
+    assert got == dict(zip(prompts, answers))
+    assert out["results"]["fastpar_qa"]["exact_match,none"] == 0.5

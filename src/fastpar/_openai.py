@@ -132,6 +132,8 @@ def _sampling(body: Mapping, chat: bool, n_ctx_per_seq: int) -> Tuple[Dict[str, 
     repeat_penalty = _number(body, "repeat_penalty", 0.0, 10.0, None)
     if repeat_penalty is not None:
         opts["repeat_penalty"] = float(repeat_penalty)
+    if _get(body, "ignore_eos", (bool,), "a boolean", False):
+        opts["ignore_eos"] = True
     seed = _get(body, "seed", (int,), "an integer")
     if seed is not None:
         opts["seed"] = seed % (1 << 32)  # OpenAI takes any integer; the samplers take 32 bits
