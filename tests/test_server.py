@@ -263,6 +263,23 @@ def _rss_kib(pid: int) -> int:
         return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
 
 
+HEALTH_WATCHER = """
+import sys, time, httpx
+times = []
+try:
+    with httpx.Client() as h:
+        while True:
+            t = time.perf_counter()
+            r = h.get(sys.argv[1])
+            times.append(time.perf_counter() - t)
+            assert r.status_code == 200, r.status_code
+            time.sleep(0.02)
+except KeyboardInterrupt:
+    pass
+open(sys.argv[2], "w").write(" ".join(map(str, times)))
+"""
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the server's memory from /proc")
 def test_many_streams_with_clients_leaving(model, tmp_path):
     port = _free_port()
@@ -271,7 +288,8 @@ def test_many_streams_with_clients_leaving(model, tmp_path):
         proc = subprocess.Popen([sys.executable, "-m", "fastpar", "serve", model.path, "--port", str(port),
                                  "--n-parallel", "16", "--n-ctx-per-seq", "256", "--n-gpu-layers", str(N_GPU_LAYERS),
                                  # one core left for the HTTP side (this process's 64 clients)
-                                 "--n-threads", "1", "--log-level", "warning"], stdout=f, stderr=subprocess.STDOUT)
+                                 "--n-threads", "1", "--shutdown-timeout", "2", "--log-level", "warning"],
+                                stdout=f, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120
@@ -285,20 +303,10 @@ def test_many_streams_with_clients_leaving(model, tmp_path):
             assert time.monotonic() < deadline, "the server did not become ready"
             time.sleep(0.1)
 
-        health_times = []
-        stop = threading.Event()
-
-        def watch_health():
-            with httpx.Client() as h:
-                while not stop.is_set():
-                    t = time.perf_counter()
-                    r = h.get(base + "/health")
-                    health_times.append(time.perf_counter() - t)
-                    assert r.status_code == 200
-                    time.sleep(0.02)
-
-        watcher = threading.Thread(target=watch_health, daemon=True)
-        watcher.start()
+        # /health polled from a process of its own, so that the GIL of this one (busy with
+        # 64 clients) is not part of what is measured.
+        times_file = tmp_path / "health.txt"
+        watcher = subprocess.Popen([sys.executable, "-c", HEALTH_WATCHER, base + "/health", str(times_file)])
         client = openai.AsyncOpenAI(base_url=base + "/v1", api_key="x", max_retries=0,
                                     http_client=httpx.AsyncClient(limits=httpx.Limits(max_connections=100)))
         prompts = ["The capital of France is", "def fibonacci(n):\n", "Once upon a time,", "Water boils at",
@@ -339,9 +347,12 @@ def test_many_streams_with_clients_leaving(model, tmp_path):
             await asyncio.sleep(0.5)
             return first, rss1, second, _rss_kib(proc.pid)
 
-        first, rss1, second, rss2 = asyncio.run(rounds())
-        stop.set()
-        watcher.join(10)
+        try:
+            first, rss1, second, rss2 = asyncio.run(rounds())
+        finally:
+            watcher.send_signal(signal.SIGINT)
+            assert watcher.wait(timeout=30) == 0
+        health_times = sorted(float(x) for x in times_file.read_text().split())
         for tally in (first, second):
             assert not tally.get("errors"), tally["errors"][:3]
             assert tally["done"] + tally["left"] == 256 and tally["left"] > 50
@@ -350,18 +361,40 @@ def test_many_streams_with_clients_leaving(model, tmp_path):
         while (h := httpx.get(base + "/health").json())["slots_busy"] or h["queue_depth"]:
             assert time.monotonic() < deadline, h
             time.sleep(0.05)
-        # /health never waits for generation. On a machine that other processes load, the
-        # operating system alone can hold a process back for longer than 100 ms now and
-        # then: 99% of the answers within 100 ms, and none later than half a second.
-        health_times.sort()
+        # /health never waits for generation: 99% of the answers within 100 ms. On a machine
+        # other processes load, the operating system alone holds a process back for longer
+        # now and then (an idle server answered in up to 0.17 s on one): none beyond 1 s.
         assert len(health_times) > 20, len(health_times)
-        assert health_times[int(0.99 * len(health_times))] < 0.1 and health_times[-1] < 0.5, health_times[-10:]
+        assert health_times[int(0.99 * len(health_times))] < 0.1 and health_times[-1] < 1.0, health_times[-10:]
         assert rss2 < rss1 * 1.05, (rss1, rss2)
         m = httpx.get(base + "/metrics").text
         assert 'outcome="client_disconnect"' in m
 
-        proc.send_signal(signal.SIGTERM)  # graceful: exit 0 within a few seconds
-        assert proc.wait(timeout=15) == 0
+        # SIGTERM with a request in flight: it gets --shutdown-timeout to finish, then is
+        # cancelled; the process exits 0 within a few seconds.
+        got = []
+
+        def long_stream():
+            body = {"prompt": "Count: 1, 2,", "max_tokens": 250, "ignore_eos": True, "stream": True}
+            try:
+                with httpx.stream("POST", base + "/v1/completions", json=body, timeout=60) as r:
+                    for line in r.iter_lines():
+                        got.append(line)
+            except httpx.HTTPError:
+                got.append("cut")
+
+        t = threading.Thread(target=long_stream, daemon=True)
+        t.start()
+        deadline = time.monotonic() + 60
+        while len(got) < 3:
+            assert time.monotonic() < deadline and t.is_alive(), got
+            time.sleep(0.01)
+        t_term = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0, log.read_text()
+        assert time.monotonic() - t_term < 15
+        t.join(10)
+        assert not t.is_alive()
     finally:
         if proc.poll() is None:
             proc.kill()
