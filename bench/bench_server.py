@@ -118,7 +118,9 @@ def body_of(req: dict) -> dict:
 
 async def http_load(url: str, requests: list, users: int) -> dict:
     limits = httpx.Limits(max_connections=users + 8, max_keepalive_connections=users + 8)
-    async with openai.AsyncOpenAI(base_url=url, api_key="x", max_retries=0, timeout=3600,
+    # max_retries: llama-server (cpp-httplib) closes a kept-alive connection after a few
+    # requests, and a request sent on it just then must be sent again.
+    async with openai.AsyncOpenAI(base_url=url, api_key="x", max_retries=3, timeout=3600,
                                   http_client=openai.DefaultAsyncHttpxClient(limits=limits)) as client:
         queue = list(reversed(requests))
         ttfts, gen, prompt = [], [0], [0]
@@ -220,6 +222,8 @@ def main() -> int:
     ap.add_argument("--gpu", action="store_true", help="a CUDA build, every layer on the GPU, 64 and 256 users")
     ap.add_argument("--workloads", default="W1,W4,chat")
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--llama-settings", default=",".join(LLAMA_SERVER_SETTINGS),
+                    help=f"llama-server settings to try, of {', '.join(LLAMA_SERVER_SETTINGS)}")
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--out", default=None, help="the result file (default bench/results/<machine>-server.md)")
     args = ap.parse_args()
@@ -237,13 +241,16 @@ def main() -> int:
     models = {default_model.path: default_model, speed.path: speed}
     load_before = os.getloadavg()
     rows = []
+    notes: list = []
     for name, path, users, reqs, n_ctx in workloads(args.workloads.split(","), default_model, speed, args.gpu):
         print(f"== {name}: {len(reqs)} requests, {users} users", flush=True)
         runs: dict = {}
+        failed: dict = {}
         servers = {"fastpar serve": fastpar_server(path, users, n_ctx, args.threads)}
         for setting, extra in LLAMA_SERVER_SETTINGS.items():
-            servers[f"llama-server {setting}"] = llama_server(tools["llama-server"], path, users, n_ctx,
-                                                              args.threads, extra)
+            if setting in args.llama_settings.split(","):
+                servers[f"llama-server {setting}"] = llama_server(tools["llama-server"], path, users, n_ctx,
+                                                                  args.threads, extra)
         try:
             with fastpar.Engine(models[path], n_parallel=users, n_ctx_per_seq=n_ctx, n_threads=args.threads) as e:
                 for rep in range(args.reps):
@@ -251,16 +258,25 @@ def main() -> int:
                     if rep % 2:
                         order.reverse()
                     for who in order:
-                        if who == "Engine in-process":
-                            r = asyncio.run(engine_load(e, reqs, users))
-                        else:
-                            r = asyncio.run(http_load(servers[who].url, reqs, users))
+                        if who in failed:
+                            continue
+                        try:
+                            if who == "Engine in-process":
+                                r = asyncio.run(engine_load(e, reqs, users))
+                            else:
+                                r = asyncio.run(http_load(servers[who].url, reqs, users))
+                        except openai.APIError as err:  # a setting the server fails with: reported, not fatal
+                            failed[who] = f"{type(err).__name__}: {err}"
+                            print(f"  {who}: failed: {failed[who]}", flush=True)
+                            continue
                         runs.setdefault(who, []).append(r)
                         print(f"  {who}: {r['gen'] / r['wall']:.1f} gen tok/s, TTFT p50 "
                               f"{percentile(r['ttfts'], 0.5) * 1000:.0f} ms", flush=True)
         finally:
             for s in servers.values():
                 s.close()
+        for who, why in failed.items():
+            notes.append(f"{name}: {who} failed: {why}")
         summary = {}
         for who, rs in runs.items():
             med = sorted(rs, key=lambda r: r["gen"] / r["wall"])[len(rs) // 2]
@@ -293,6 +309,7 @@ def main() -> int:
                      f"{s['tot_s']:.1f} | {s['p50'] * 1000:.0f} | {s['p99'] * 1000:.0f} | {ratio:.2f} | "
                      f"{'' if http_ratio is None else f'{http_ratio:.2f}'} | "
                      f"{', '.join(f'{x:.1f}' for x in s['all'])} |")
+    lines += [""] + [f"* {n}" for n in notes]
     text = "\n".join(lines) + "\n"
     out = args.out
     if out is None:

@@ -235,6 +235,11 @@ def test_api_key_and_queue_full(model):
 
         codes = asyncio.run(burst())
         assert codes.count(200) >= 2 and codes.count(429) >= 1, codes  # one slot + one queued
+    # the app's own limit, below the engine's: nothing may wait
+    with fastpar.Engine(model, n_parallel=1, n_ctx_per_seq=256) as e, running(create_app(e, max_queued=0)) as u:
+        r = httpx.post(u + "/v1/completions", json={"prompt": ["a", "b"], "max_tokens": 1})
+        assert r.status_code == 429 and r.headers["retry-after"] == "1", r.text
+        assert httpx.post(u + "/v1/completions", json={"prompt": "a", "max_tokens": 1}).status_code == 200
 
 
 def test_sse_error_event_when_the_engine_stops(model):

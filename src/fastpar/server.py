@@ -139,6 +139,11 @@ async def _wait_disconnect(receive: Callable) -> None:
             return
 
 
+def _queue_full() -> APIError:
+    return APIError(429, "the server's queue is full; retry later", "rate_limit_error", code="queue_full",
+                    headers={"Retry-After": str(RETRY_AFTER_S)})
+
+
 class _Job:
     """The engine requests (one per prompt and sample, prompt after prompt) of one HTTP request."""
 
@@ -154,8 +159,7 @@ class _Job:
                     r._handle.set_listener(self.wakeup.notify)
         except _core.QueueFull:
             self.cancel()
-            raise APIError(429, "the server's queue is full; retry later", "rate_limit_error", code="queue_full",
-                           headers={"Retry-After": str(RETRY_AFTER_S)}) from None
+            raise _queue_full() from None
         except _core.EngineClosed as e:
             self.cancel()
             raise APIError(503, f"the server is shutting down: {e}", "server_error", code="engine_closed") from None
@@ -186,14 +190,15 @@ _DONE = b"data: [DONE]\n\n"
 
 
 def create_app(engine: Union[Engine, Callable[[], Engine]], *, model_name: Optional[str] = None,
-               api_key: Optional[str] = None) -> Starlette:
+               api_key: Optional[str] = None, max_queued: Optional[int] = None) -> Starlette:
     """The OpenAI-compatible ASGI application over ``engine``.
 
     ``engine``: a ``fastpar.Engine`` (the caller keeps it and closes it), or a function
     that loads and returns one: it is called on a worker thread when the application
     starts, ``/health`` answers 503 until it returns, and the application closes that
-    engine when it shuts down. How many requests may wait for a slot is the engine's
-    ``max_queued``; one more is answered 429. ``model_name``: the name ``/v1/models``
+    engine when it shuts down. ``max_queued``: how many engine requests (prompts x
+    samples) may wait for a slot before a request that would add to them is answered 429
+    (default: the engine's own ``max_queued``, which always applies). ``model_name``: the name ``/v1/models``
     lists and responses carry (default: the GGUF file's name); requests may name any
     model. ``api_key``: when set, ``/v1/*`` need ``Authorization: Bearer <api_key>``
     (else 401); ``/health`` and ``/metrics`` stay open.
@@ -202,6 +207,8 @@ def create_app(engine: Union[Engine, Callable[[], Engine]], *, model_name: Optio
         raise ValueError("api_key must be a non-empty str or None")
     if not isinstance(engine, Engine) and not callable(engine):
         raise TypeError(f"engine must be a fastpar.Engine or a function returning one, got {type(engine).__name__}")
+    if max_queued is not None and (isinstance(max_queued, bool) or not isinstance(max_queued, int) or max_queued < 0):
+        raise ValueError(f"max_queued must be an int >= 0 or None, got {max_queued!r}")
     state = _State(engine, model_name, api_key)
     metrics = state.metrics
 
@@ -255,6 +262,11 @@ def create_app(engine: Union[Engine, Callable[[], Engine]], *, model_name: Optio
                 except ValueError as e:
                     raise APIError(400, f"the request body is not valid JSON: {e}") from None
                 req = parse(body, chat, engine._engine.n_ctx_per_seq)
+                if max_queued is not None:
+                    s = engine.stats()
+                    free = engine._engine.n_parallel - s.n_active
+                    if s.n_queued + len(req.prompts) * req.n - max(free, 0) > max_queued:
+                        raise _queue_full()
                 job = _Job(engine, req)
             except APIError as e:
                 outcome = {400: "bad_request", 401: "unauthorized", 429: "queue_full"}.get(e.status, "error")
