@@ -117,10 +117,11 @@ def body_of(req: dict) -> dict:
 
 
 async def http_load(url: str, requests: list, users: int) -> dict:
-    limits = httpx.Limits(max_connections=users + 8, max_keepalive_connections=users + 8)
-    # max_retries: llama-server (cpp-httplib) closes a kept-alive connection after a few
-    # requests, and a request sent on it just then must be sent again.
-    async with openai.AsyncOpenAI(base_url=url, api_key="x", max_retries=3, timeout=3600,
+    # A new connection for every request, to both servers: llama-server (cpp-httplib) closes
+    # a kept-alive connection after a few requests, and a request sent on it just then fails
+    # (retrying it would put the client's back-off into the measurement).
+    limits = httpx.Limits(max_connections=users + 8, max_keepalive_connections=0)
+    async with openai.AsyncOpenAI(base_url=url, api_key="x", max_retries=0, timeout=3600,
                                   http_client=openai.DefaultAsyncHttpxClient(limits=limits)) as client:
         queue = list(reversed(requests))
         ttfts, gen, prompt = [], [0], [0]
