@@ -69,7 +69,15 @@ void register_model(py::module_ & m) {
         .def_property_readonly("token_bos", &Model::token_bos)
         .def_property_readonly("token_eos", &Model::token_eos)
         .def("apply_chat_template", &Model::apply_chat_template, py::arg("messages"),
-             "Messages rendered with the model's chat template, assistant turn opened.");
+             "Messages rendered with the model's chat template, assistant turn opened.")
+        .def("token_bytes", [](const Model & m, int32_t token) {
+                 if (token < 0 || token >= m.n_vocab()) {
+                     throw py::value_error("token " + std::to_string(token) + " is not in the vocabulary of " +
+                                           std::to_string(m.n_vocab()));
+                 }
+                 return py::bytes(m.token_piece(token));
+             },
+             py::arg("token"), "The bytes one token stands for (possibly part of a UTF-8 character).");
 
     py::class_<ChatMessage>(m, "ChatMessage")
         .def(py::init([](std::string role, std::string content) { return ChatMessage{std::move(role), std::move(content)}; }),

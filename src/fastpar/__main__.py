@@ -1,8 +1,9 @@
-"""Command line: ``python -m fastpar demo`` (or the ``fastpar`` console script)."""
+"""Command line: ``python -m fastpar demo|serve|run|version`` (or the ``fastpar`` console script)."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import List, Optional
 
@@ -23,8 +24,6 @@ class _CommandError(Exception):
 
 
 def _demo(args: argparse.Namespace) -> int:
-    import os
-
     import fastpar
     from fastpar._models import DEFAULT_MODEL_NAME
 
@@ -64,6 +63,50 @@ def _demo(args: argparse.Namespace) -> int:
     return 0 if s.n_failed == 0 else 1
 
 
+def _serve(args: argparse.Namespace) -> int:
+    try:
+        from fastpar.server import serve
+    except ImportError as e:
+        raise _CommandError(str(e)) from e
+    if args.model is not None and not os.path.isfile(args.model):
+        raise _CommandError(f"no such model file: {args.model}")
+    return serve(args.model, host=args.host, port=args.port, n_parallel=args.n_parallel,
+                 n_ctx_per_seq=args.n_ctx_per_seq, n_gpu_layers=args.n_gpu_layers, n_threads=args.n_threads,
+                 max_queued=args.max_queued, api_key=args.api_key or os.environ.get("FASTPAR_API_KEY") or None,
+                 model_name=args.model_name, shutdown_timeout=args.shutdown_timeout, log_level=args.log_level)
+
+
+def _run(args: argparse.Namespace) -> int:
+    import fastpar
+    from fastpar._batch import run_batch
+
+    if not os.path.isfile(args.input):
+        raise _CommandError(f"no such input file: {args.input}")
+    if args.limit is not None and args.limit < 1:
+        raise _CommandError(f"--limit must be >= 1, got {args.limit}")
+    try:
+        path = args.model or fastpar.default_model_path()
+    except RuntimeError as e:  # the download or its checksum failed
+        raise _CommandError(str(e)) from e
+    model = fastpar.Model(path, n_gpu_layers=args.n_gpu_layers)
+    ctx = fastpar.Context(model, n_parallel=args.n_parallel, n_ctx_per_seq=args.n_ctx_per_seq,
+                          n_threads=args.n_threads)
+    name = args.model_name or os.path.splitext(os.path.basename(path))[0]
+    counts = run_batch(ctx, args.input, args.output, limit=args.limit, progress=not args.quiet, model_name=name)
+    print(f"{counts['answered']} answered, {counts['failed']} failed, {counts['skipped']} already in "
+          f"{args.output}", file=sys.stderr)
+    return 0
+
+
+def _engine_options(p: argparse.ArgumentParser, n_ctx_per_seq: int) -> None:
+    p.add_argument("--n-parallel", type=int, default=8, help="slots: requests generated together (default 8)")
+    p.add_argument("--n-ctx-per-seq", type=int, default=n_ctx_per_seq,
+                   help=f"positions one prompt plus its answer may use (default {n_ctx_per_seq})")
+    p.add_argument("--n-gpu-layers", type=int, default=0, help="-1 = all (needs a CUDA or Metal build)")
+    p.add_argument("--n-threads", type=int, default=None)
+    p.add_argument("--model-name", default=None, help="the model's name in responses (default: the file's name)")
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="fastpar", description="Many prompts through one llama.cpp model at once.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -76,16 +119,36 @@ def main(argv: Optional[List[str]] = None) -> int:
     demo.add_argument("--max-tokens", type=int, default=96)
     demo.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     demo.add_argument("--seed", type=int, default=None)
+    serve = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (needs: pip install 'fastpar[server]')")
+    serve.add_argument("model", nargs="?", default=None, help="GGUF file (default: the default model)")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    _engine_options(serve, 4096)
+    serve.add_argument("--max-queued", type=int, default=1024,
+                       help="requests that may wait for a slot; one more is answered 429 (default 1024)")
+    serve.add_argument("--api-key", default=None,
+                       help="require 'Authorization: Bearer KEY' on /v1/* (default: $FASTPAR_API_KEY, else none)")
+    serve.add_argument("--shutdown-timeout", type=float, default=5.0,
+                       help="seconds requests in flight may finish after SIGTERM before they are cancelled")
+    serve.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    run = sub.add_parser("run", help="answer a file of requests in OpenAI's batch format (resumable)")
+    run.add_argument("input", help="JSONL file: one {custom_id, method, url, body} request per line")
+    run.add_argument("-o", "--output", required=True,
+                     help="JSONL file of results; appended to, and the custom_ids it holds are skipped")
+    run.add_argument("--model", help="GGUF file (default: the default model, fetched on first use)")
+    _engine_options(run, 2048)
+    run.add_argument("--limit", type=int, default=None, help="answer at most this many new lines, then stop")
+    run.add_argument("--quiet", action="store_true", help="no progress bar")
     sub.add_parser("version", help="print the version and backend")
     args = parser.parse_args(argv)  # usage mistakes: one line, exit status 2
-    if args.command == "demo":
+    if args.command in ("demo", "serve", "run"):
         # A mistake in what the command was given (a missing or unloadable model, a bad
         # option value, a failed download) is one line for the user, not a traceback;
         # anything else is a bug and keeps its traceback.
         import fastpar
 
         try:
-            return _demo(args)
+            return {"demo": _demo, "serve": _serve, "run": _run}[args.command](args)
         except (_CommandError, OSError, ValueError, TypeError, fastpar.FastparError) as e:
             print(f"{parser.prog}: error: {e}", file=sys.stderr)
             return 1

@@ -1,0 +1,327 @@
+#!/usr/bin/env python3
+"""`fastpar serve` against llama-server, through the same client and load, and the Engine
+in-process on that load (what HTTP costs).
+
+N users, each with the async `openai` client, send their next request as soon as the last
+one ends (streamed, so that time to first token is measured; every request asks for its
+tokens with ignore_eos). Both servers run the same model with the same slots; llama-server
+(built from vendor/llama.cpp, bench/run.py build_baselines) is tried with each setting in
+LLAMA_SERVER_SETTINGS and its fastest is the baseline. Each measurement is the median of
+--reps repetitions, the servers taking turns within a repetition.
+
+Workloads (CPU): W1 the speed model (Qwen3-0.6B shape, Q4_K_M), 8 users, 32-token prompts,
+50 new tokens; W4 the default model, 400 requests of 64 tokens, 4 new; chat the default
+model, chat messages of mixed lengths (16-400 tokens) and answers (8-96 tokens), 8 users.
+--gpu: every layer on the GPU, the speed model with 64 and 256 users (as many slots).
+
+    python bench/bench_server.py                 # CPU -> bench/results/cpu-<arch>-<n>core-server.md
+    python bench/bench_server.py --gpu           # GPU -> bench/results/gpu-<name>-server.md
+
+Needs `pip install 'fastpar[server]' openai` and a checkout (the baselines build from it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import pathlib
+import platform
+import random
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import fastpar
+
+HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import run as bench_run  # noqa: E402  (build_baselines, make_prompts, Target, physical_batch)
+
+try:
+    import openai
+    import httpx
+except ImportError as e:
+    sys.exit(f"bench_server.py needs the openai client: pip install openai ({e})")
+
+# llama-server settings tried; the fastest is the baseline. --cache-ram 0 turns off its
+# prompt cache in host memory (every prompt here is new).
+LLAMA_SERVER_SETTINGS = {"default": [], "cache-ram-0": ["--cache-ram", "0"]}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_healthy(port: int, proc: subprocess.Popen, what: str) -> None:
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with status {proc.returncode}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.2)
+    raise RuntimeError(f"{what} did not become healthy in 300 s")
+
+
+class Proc:
+    def __init__(self, name: str, cmd: list) -> None:
+        self.name, self.port = name, free_port()
+        self.proc = subprocess.Popen(cmd + ["--port", str(self.port)], stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL)
+        wait_healthy(self.port, self.proc, name)
+        self.url = f"http://127.0.0.1:{self.port}/v1"
+
+    def close(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def fastpar_server(model: str, n_par: int, n_ctx: int, threads: int) -> Proc:
+    return Proc("fastpar serve", [sys.executable, "-m", "fastpar", "serve", model, "--host", "127.0.0.1",
+                                  "--n-parallel", str(n_par), "--n-ctx-per-seq", str(n_ctx), "--n-threads",
+                                  str(threads), "--n-gpu-layers", str(bench_run.Target.n_gpu_layers),
+                                  "--max-queued", "100000", "--log-level", "warning"])
+
+
+def llama_server(binary: str, model: str, n_par: int, n_ctx: int, threads: int, extra: list) -> Proc:
+    ub = bench_run.physical_batch(bench_run.Target.gpu)
+    return Proc("llama-server", [binary, "-m", model, "-np", str(n_par), "-c", str(n_par * n_ctx), "-t", str(threads),
+                                 "--host", "127.0.0.1", "-b", ub, "-ub", ub, "--no-webui",
+                                 *(["-ngl", "999"] if bench_run.Target.gpu else []), *extra])
+
+
+# ----------------------------------------------------------------------------- the load
+
+def body_of(req: dict) -> dict:
+    """One request, the same for both servers: greedy (top_k 1, llama-server's cheapest way
+    to the most likely token), ignore_eos, the usage in the last chunk."""
+    b = dict(model="m", max_tokens=req["gen"], temperature=0.0, stream=True, stream_options={"include_usage": True},
+             extra_body={"top_k": 1, "ignore_eos": True, "cache_prompt": False})
+    if "messages" in req:
+        b["messages"] = req["messages"]
+    else:
+        b["prompt"] = req["prompt"]
+    return b
+
+
+async def http_load(url: str, requests: list, users: int) -> dict:
+    # A new connection for every request, to both servers: llama-server (cpp-httplib) closes
+    # a kept-alive connection after a few requests, and a request sent on it just then fails
+    # (retrying it would put the client's back-off into the measurement).
+    limits = httpx.Limits(max_connections=users + 8, max_keepalive_connections=0)
+    async with openai.AsyncOpenAI(base_url=url, api_key="x", max_retries=0, timeout=3600,
+                                  http_client=openai.DefaultAsyncHttpxClient(limits=limits)) as client:
+        queue = list(reversed(requests))
+        ttfts, gen, prompt = [], [0], [0]
+
+        async def user():
+            while queue:
+                req = queue.pop()
+                b = body_of(req)
+                t0 = time.perf_counter()
+                first = None
+                if "messages" in b:
+                    stream = await client.chat.completions.create(**b)
+                else:
+                    stream = await client.completions.create(**b)
+                async for chunk in stream:
+                    if first is None and chunk.choices:
+                        c = chunk.choices[0]
+                        text = c.delta.content if hasattr(c, "delta") else c.text
+                        if text:
+                            first = time.perf_counter() - t0
+                    if chunk.usage is not None:
+                        gen[0] += chunk.usage.completion_tokens
+                        prompt[0] += chunk.usage.prompt_tokens
+                ttfts.append(first if first is not None else time.perf_counter() - t0)
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(user() for _ in range(users)))
+        return dict(wall=time.perf_counter() - t0, gen=gen[0], prompt=prompt[0], ttfts=ttfts)
+
+
+async def engine_load(engine: fastpar.Engine, requests: list, users: int) -> dict:
+    queue = list(reversed(requests))
+    ttfts, gen, prompt = [], [0], [0]
+
+    async def user():
+        while queue:
+            req = queue.pop()
+            t0 = time.perf_counter()
+            first = None
+            r = engine.submit(req.get("messages") or req["prompt"], max_tokens=req["gen"], temperature=0.0,
+                              ignore_eos=True)
+            loop = asyncio.get_running_loop()
+            wake = asyncio.Event()
+            r._handle.set_listener(lambda: loop.call_soon_threadsafe(wake.set))
+            while True:
+                await wake.wait()
+                wake.clear()
+                done = r.done()
+                if first is None and r._handle.take_pieces():
+                    first = time.perf_counter() - t0
+                if done:
+                    break
+            c = r.result(0)
+            gen[0] += c.n_gen_tokens
+            prompt[0] += c.n_prompt_tokens + c.n_prompt_tokens_shared
+            ttfts.append(first if first is not None else time.perf_counter() - t0)
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(user() for _ in range(users)))
+    return dict(wall=time.perf_counter() - t0, gen=gen[0], prompt=prompt[0], ttfts=ttfts)
+
+
+def percentile(xs: list, q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
+
+
+# ----------------------------------------------------------------------------- workloads
+
+def workloads(names: list, default_model: fastpar.Model, speed: fastpar.Model, gpu: bool) -> list:
+    """(name, model path, users = slots, requests, n_ctx_per_seq)."""
+    out = []
+    if gpu:
+        for users in (64, 256):
+            prompts = bench_run.make_prompts(speed, users * 4, 32, 0)
+            out.append((f"G-np{users}", speed.path, users, [dict(prompt=p, gen=50) for p in prompts], 32 + 50 + 8))
+        return out
+    if "W1" in names:
+        prompts = bench_run.make_prompts(speed, 40, 32, 0)
+        out.append(("W1", speed.path, 8, [dict(prompt=p, gen=50) for p in prompts], 32 + 50 + 8))
+    if "W4" in names:
+        prompts = bench_run.make_prompts(default_model, 400, 64, 0)
+        out.append(("W4", default_model.path, 8, [dict(prompt=p, gen=4) for p in prompts], 64 + 4 + 8))
+    if "chat" in names:
+        rng = random.Random(3)
+        reqs = []
+        for _ in range(64):
+            n_words = rng.choice([10, 20, 40, 80, 160, 300])
+            text = " ".join(rng.choice(bench_run.WORDS) for _ in range(n_words))
+            reqs.append(dict(messages=[{"role": "system", "content": "You are a helpful assistant."},
+                                       {"role": "user", "content": f"Summarise: {text}"}],
+                             gen=rng.choice([8, 16, 32, 64, 96])))
+        out.append(("chat", default_model.path, 8, reqs, 512 + 96 + 8))
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--gpu", action="store_true", help="a CUDA build, every layer on the GPU, 64 and 256 users")
+    ap.add_argument("--workloads", default="W1,W4,chat")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--llama-settings", default=",".join(LLAMA_SERVER_SETTINGS),
+                    help=f"llama-server settings to try, of {', '.join(LLAMA_SERVER_SETTINGS)}")
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--out", default=None, help="the result file (default bench/results/<machine>-server.md)")
+    args = ap.parse_args()
+    bench_run.Target.gpu = args.gpu
+    bench_run.Target.n_gpu_layers = -1 if args.gpu else 0
+    if args.gpu:
+        bench_run.Target.baselines = bench_run.ROOT / "build" / "baselines-cuda"  # as bench/run.py --gpu
+    tools = bench_run.build_baselines(server=True)
+    speed_path = subprocess.run([sys.executable, str(HERE / "make_speed_model.py"), "--quantize-bin",
+                                 tools["llama-quantize"], "--type", "Q4_K_M"], capture_output=True, text=True,
+                                check=True).stdout.strip().splitlines()[-1]
+    ngl = bench_run.Target.n_gpu_layers
+    default_model = fastpar.Model(fastpar.default_model_path(), n_gpu_layers=ngl)
+    speed = fastpar.Model(speed_path, n_gpu_layers=ngl)
+    models = {default_model.path: default_model, speed.path: speed}
+    load_before = os.getloadavg()
+    rows = []
+    notes: list = []
+    for name, path, users, reqs, n_ctx in workloads(args.workloads.split(","), default_model, speed, args.gpu):
+        print(f"== {name}: {len(reqs)} requests, {users} users", flush=True)
+        runs: dict = {}
+        failed: dict = {}
+        servers = {"fastpar serve": fastpar_server(path, users, n_ctx, args.threads)}
+        for setting, extra in LLAMA_SERVER_SETTINGS.items():
+            if setting in args.llama_settings.split(","):
+                servers[f"llama-server {setting}"] = llama_server(tools["llama-server"], path, users, n_ctx,
+                                                                  args.threads, extra)
+        try:
+            with fastpar.Engine(models[path], n_parallel=users, n_ctx_per_seq=n_ctx, n_threads=args.threads) as e:
+                for rep in range(args.reps):
+                    order = list(servers) + ["Engine in-process"]
+                    if rep % 2:
+                        order.reverse()
+                    for who in order:
+                        if who in failed:
+                            continue
+                        try:
+                            if who == "Engine in-process":
+                                r = asyncio.run(engine_load(e, reqs, users))
+                            else:
+                                r = asyncio.run(http_load(servers[who].url, reqs, users))
+                        except openai.APIError as err:  # a setting the server fails with: reported, not fatal
+                            failed[who] = f"{type(err).__name__}: {err}"
+                            print(f"  {who}: failed: {failed[who]}", flush=True)
+                            continue
+                        runs.setdefault(who, []).append(r)
+                        print(f"  {who}: {r['gen'] / r['wall']:.1f} gen tok/s, TTFT p50 "
+                              f"{percentile(r['ttfts'], 0.5) * 1000:.0f} ms", flush=True)
+        finally:
+            for s in servers.values():
+                s.close()
+        for who, why in failed.items():
+            notes.append(f"{name}: {who} failed: {why}")
+        summary = {}
+        for who, rs in runs.items():
+            med = sorted(rs, key=lambda r: r["gen"] / r["wall"])[len(rs) // 2]
+            summary[who] = dict(gen_s=med["gen"] / med["wall"], tot_s=(med["gen"] + med["prompt"]) / med["wall"],
+                                p50=percentile(med["ttfts"], 0.5), p99=percentile(med["ttfts"], 0.99),
+                                all=[r["gen"] / r["wall"] for r in rs])
+        best_llama = max((w for w in summary if w.startswith("llama-server")), key=lambda w: summary[w]["gen_s"])
+        for who, s in summary.items():
+            rows.append((name, users, len(reqs), who, s, s["gen_s"] / summary[best_llama]["gen_s"],
+                         summary["fastpar serve"]["gen_s"] / summary["Engine in-process"]["gen_s"]
+                         if who == "fastpar serve" else None, who == best_llama))
+    load_after = os.getloadavg()
+
+    machine = (f"GPU {bench_run.gpu_name()}" if args.gpu
+               else f"CPU {platform.machine()}, {os.cpu_count()} cores, {args.threads} threads")
+    lines = [f"# fastpar serve against llama-server ({'GPU' if args.gpu else 'CPU'})", "",
+             f"`python bench/bench_server.py{' --gpu' if args.gpu else ''} --workloads {args.workloads} "
+             f"--reps {args.reps}`; fastpar {fastpar.__version__}, {machine}; "
+             f"{time.strftime('%Y-%m-%d')}. Load average before {load_before[0]:.1f}, after {load_after[0]:.1f} "
+             f"(other processes shared the machine when it is above the core count).", "",
+             "Users send their next request when the last ends (async openai client, streamed, ignore_eos); "
+             "slots = users. Median of the repetitions by generated tokens/s; TTFT = send to first text. "
+             "x llama-server: against llama-server's best setting (marked *). "
+             "HTTP / in-process: fastpar serve against the Engine in the bench process on the same load.", "",
+             "| workload | users | requests | server | gen tok/s | total tok/s | TTFT p50 ms | TTFT p99 ms "
+             "| x llama-server | HTTP / in-process | runs (gen tok/s) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for name, users, n_req, who, s, ratio, http_ratio, best in rows:
+        lines.append(f"| {name} | {users} | {n_req} | {who}{' *' if best else ''} | {s['gen_s']:.1f} | "
+                     f"{s['tot_s']:.1f} | {s['p50'] * 1000:.0f} | {s['p99'] * 1000:.0f} | {ratio:.2f} | "
+                     f"{'' if http_ratio is None else f'{http_ratio:.2f}'} | "
+                     f"{', '.join(f'{x:.1f}' for x in s['all'])} |")
+    lines += [""] + [f"* {n}" for n in notes]
+    text = "\n".join(lines) + "\n"
+    out = args.out
+    if out is None:
+        tag = ("gpu-" + bench_run.gpu_name().lower() if args.gpu
+               else f"cpu-{platform.machine()}-{os.cpu_count()}core")
+        out = HERE / "results" / f"{tag}-server.md"
+    pathlib.Path(out).write_text(text)
+    print(text)
+    print(f"written to {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

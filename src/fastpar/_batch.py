@@ -1,0 +1,184 @@
+"""``fastpar run``: a file of requests in OpenAI's batch input format, answered in its
+batch output format through ``generate_parallel``.
+
+Each input line is ``{"custom_id", "method": "POST", "url": "/v1/chat/completions" or
+"/v1/completions", "body": {...}}``. Each output line is ``{"id", "custom_id", "response":
+{"status_code", "request_id", "body"}, "error"}``, written and flushed as soon as that
+line's prompts are done, so an interrupted run loses nothing it finished; a rerun skips
+the ``custom_id``s the output already holds. A line that cannot be read becomes that
+line's error (``response: null``), never the file's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import time
+from typing import Any, Dict, Iterator, List, Optional, Set, TextIO, Tuple
+
+from ._openai import APIError, Parsed, failure, parse, response_body
+
+URLS = {"/v1/chat/completions": True, "/v1/completions": False}
+#: Lines given to one generate_parallel call: enough to keep every slot busy, few enough
+#: that the prompts of a huge file are not all held at once.
+CHUNK_LINES = 2048
+
+
+class _Line:
+    def __init__(self, number: int, custom_id: Optional[str], req: Optional[Parsed], error: Optional[str]) -> None:
+        self.number, self.custom_id, self.req, self.error = number, custom_id, req, error
+
+
+def _key(custom_id: Optional[str], number: int) -> str:
+    # A line without a usable custom_id is known by its line number, so that a rerun does
+    # not report its error twice.
+    return f"custom_id:{custom_id}" if custom_id is not None else f"line:{number}"
+
+
+def _read_done(path: str) -> Set[str]:
+    """The keys of the lines an earlier run answered; drops a last line cut short."""
+    done: Set[str] = set()
+    if not os.path.exists(path):
+        return done
+    with open(path, "rb+") as f:
+        data = f.read()
+        end = data.rfind(b"\n") + 1
+        if end != len(data):  # killed in the middle of a write: that line is redone
+            f.truncate(end)
+    for raw in data[:end].splitlines():
+        try:
+            rec = json.loads(raw)
+        except ValueError:
+            continue
+        if isinstance(rec, dict):
+            line = (rec.get("error") or {}).get("line") if isinstance(rec.get("error"), dict) else None
+            done.add(_key(rec.get("custom_id"), line if isinstance(line, int) else -1))
+    return done
+
+
+def _parse_line(number: int, raw: str, n_ctx_per_seq: int, seen: Set[str]) -> _Line:
+    try:
+        rec = json.loads(raw)
+    except ValueError as e:
+        return _Line(number, None, None, f"line {number} is not valid JSON: {e}")
+    if not isinstance(rec, dict):
+        return _Line(number, None, None, f"line {number} is not a JSON object")
+    custom_id = rec.get("custom_id")
+    if not isinstance(custom_id, str) or not custom_id:
+        return _Line(number, None, None, f"line {number} has no 'custom_id' string")
+    if _key(custom_id, number) in seen:
+        return _Line(number, None, None, f"line {number} repeats custom_id {custom_id!r}")
+    url = rec.get("url")
+    if url not in URLS:
+        return _Line(number, custom_id, None, f"'url' must be one of {', '.join(URLS)}, got {url!r}")
+    if rec.get("method", "POST") != "POST":
+        return _Line(number, custom_id, None, f"'method' must be POST, got {rec.get('method')!r}")
+    try:
+        req = parse(rec.get("body"), URLS[url], n_ctx_per_seq)
+    except APIError as e:
+        return _Line(number, custom_id, None, e.message)
+    if req.stream:
+        return _Line(number, custom_id, None, "'stream' is not available in a batch")
+    return _Line(number, custom_id, req, None)
+
+
+def _lines(path: str) -> Iterator[Tuple[int, str]]:
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for number, raw in enumerate(f, 1):
+            if raw.strip():
+                yield number, raw
+
+
+def run_batch(ctx: Any, input_path: str, output_path: str, *, limit: Optional[int] = None,
+              progress: bool = True, model_name: str = "fastpar") -> Dict[str, int]:
+    """Answers every line of ``input_path`` not yet in ``output_path`` (appending to it);
+    ``limit``: at most that many lines this time. Returns counts: answered (status 200),
+    failed (an error, a status other than 200), skipped (already in the output)."""
+    from tqdm.auto import tqdm
+
+    from ._api import generate_parallel
+
+    done = _read_done(output_path)
+    counts = {"answered": 0, "failed": 0, "skipped": 0}
+    todo: List[_Line] = []
+    seen: Set[str] = set()
+    for number, raw in _lines(input_path):
+        line = _parse_line(number, raw, ctx.n_ctx_per_seq, seen)
+        key = _key(line.custom_id, line.number)
+        if key in done:
+            counts["skipped"] += 1
+            continue
+        seen.add(key)
+        if limit is not None and len(todo) >= limit:
+            break
+        todo.append(line)
+
+    model_core = ctx.model._model
+    with open(output_path, "a", encoding="utf-8") as out, \
+            tqdm(total=len(todo), unit="line", desc="fastpar run", disable=not progress) as bar:
+        def write(line: _Line, status: Optional[int], body: Optional[Dict[str, Any]], error: Optional[str]) -> None:
+            rec: Dict[str, Any] = {"id": "batch_req_" + secrets.token_hex(12), "custom_id": line.custom_id,
+                                   "response": None, "error": None}
+            if error is not None:
+                rec["error"] = {"code": "invalid_request", "message": error, "line": line.number}
+            else:
+                rec["response"] = {"status_code": status, "request_id": "req_" + secrets.token_hex(12),
+                                   "body": body}
+            _write(out, rec)
+            counts["answered" if status == 200 else "failed"] += 1
+            bar.update(1)
+
+        for start in range(0, len(todo), CHUNK_LINES):
+            chunk = todo[start:start + CHUNK_LINES]
+            prompts: List[Any] = []
+            params: List[Any] = []
+            owner: List[int] = []  # prompt -> index in chunk
+            for i, line in enumerate(chunk):
+                if line.req is None:
+                    write(line, None, None, line.error)
+                    continue
+                try:
+                    sps = line.req.sampling_params()
+                except APIError as e:
+                    write(line, None, None, e.message)
+                    continue
+                for p in line.req.prompts:
+                    for sp in sps:
+                        prompts.append(p)
+                        params.append(sp)
+                        owner.append(i)
+            if not prompts:
+                continue
+            first: Dict[int, int] = {}
+            for k, i in enumerate(owner):
+                first.setdefault(i, k)
+            results: List[Any] = [None] * len(prompts)
+            left: Dict[int, int] = {}
+            for i in owner:
+                left[i] = left.get(i, 0) + 1
+
+            def on_completion(k: int, c: Any) -> None:
+                results[k] = c
+                i = owner[k]
+                left[i] -= 1
+                if left[i]:
+                    return
+                line = chunk[i]
+                completions = results[first[i]:first[i] + len(line.req.prompts) * line.req.n]
+                err = next((e for e in (failure(c, line.req.param) for c in completions) if e is not None), None)
+                if err is not None:
+                    write(line, err.status, err.body(), None)
+                else:
+                    rid = ("chatcmpl-" if line.req.chat else "cmpl-") + secrets.token_hex(12)
+                    write(line, 200, response_body(line.req, rid, int(time.time()), line.req.model or model_name,
+                                                   completions, model_core), None)
+
+            # Every prompt is one entry (n = 1): a line's samples were expanded above.
+            generate_parallel(ctx, prompts, params, on_completion=on_completion)
+    return counts
+
+
+def _write(out: TextIO, rec: Dict[str, Any]) -> None:
+    out.write(json.dumps(rec, ensure_ascii=False) + "\n")
+    out.flush()

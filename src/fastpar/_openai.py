@@ -1,0 +1,348 @@
+"""OpenAI's request and response schemas, translated to and from fastpar's (no web
+dependencies: ``fastpar serve`` and ``fastpar run`` share it)."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from collections.abc import Mapping
+from typing import Any, Dict, List, Optional, Tuple
+
+from . import _core
+from ._api import SamplingParams
+
+#: Most samples (``n``) one request may ask for, and most prompts in one completions call.
+MAX_N = 128
+MAX_PROMPTS = 1024
+#: Seconds a client should wait after a 429 or 503 before trying again.
+RETRY_AFTER_S = 1
+
+FINISH = {"stop": "stop", "length": "length"}
+
+
+class APIError(Exception):
+    """A request that gets an OpenAI error body instead of an answer."""
+
+    def __init__(self, status: int, message: str, type_: str = "invalid_request_error",
+                 param: Optional[str] = None, code: Optional[str] = None,
+                 headers: Optional[Dict[str, str]] = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
+        self.headers = headers
+
+    def body(self) -> Dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+
+def _bad(param: str, message: str, code: Optional[str] = None) -> APIError:
+    return APIError(400, message, param=param, code=code)
+
+
+# -- reading a request body ---------------------------------------------------------------------
+
+def _get(body: Mapping, name: str, kinds: Tuple[type, ...], what: str, default: Any = None) -> Any:
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) and bool not in kinds or not isinstance(value, kinds):
+        raise _bad(name, f"'{name}' must be {what}, got {type(value).__name__}: {value!r}"[:300])
+    return value
+
+
+def _number(body: Mapping, name: str, lo: float, hi: float, default: Optional[float]) -> Optional[float]:
+    value = _get(body, name, (int, float), "a number", default)
+    if value is not None and not lo <= value <= hi:
+        raise _bad(name, f"'{name}' must be between {lo:g} and {hi:g}, got {value}")
+    return value
+
+
+def _integer(body: Mapping, name: str, lo: int, hi: int, default: Optional[int]) -> Optional[int]:
+    value = _get(body, name, (int,), "an integer", default)
+    if value is not None and not lo <= value <= hi:
+        raise _bad(name, f"'{name}' must be between {lo} and {hi}, got {value}")
+    return value
+
+
+def _content(content: Any, where: str) -> str:
+    """A message's content: a str, or a list of text parts (other parts are refused)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for j, part in enumerate(content):
+            if not isinstance(part, Mapping) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise _bad(f"{where}[{j}]", f"'{where}[{j}]': only text content parts are supported")
+            texts.append(part["text"])
+        return "".join(texts)
+    if content is None:
+        return ""
+    raise _bad(where, f"'{where}' must be a string or a list of text parts, got {type(content).__name__}")
+
+
+def _messages(body: Mapping) -> List[Dict[str, str]]:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise _bad("messages", "'messages' must be a non-empty list of {'role', 'content'} objects")
+    out = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, Mapping) or not isinstance(m.get("role"), str):
+            raise _bad(f"messages[{i}]", f"'messages[{i}]' must be an object with a string 'role'")
+        out.append({"role": m["role"], "content": _content(m.get("content"), f"messages[{i}].content")})
+    return out
+
+
+def _prompts(body: Mapping) -> List[str]:
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        return [prompt]
+    if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+        if len(prompt) > MAX_PROMPTS:
+            raise _bad("prompt", f"'prompt' holds {len(prompt)} prompts; at most {MAX_PROMPTS} in one request")
+        return list(prompt)
+    raise _bad("prompt", "'prompt' must be a string or a non-empty list of strings (token arrays are not supported)")
+
+
+def _unsupported(body: Mapping, names: Tuple[str, ...]) -> None:
+    for name in names:
+        value = body.get(name)
+        if value not in (None, [], {}, False):
+            raise _bad(name, f"'{name}' is not supported by this server")
+
+
+def _sampling(body: Mapping, chat: bool, n_ctx_per_seq: int) -> Tuple[Dict[str, Any], int, int]:
+    """The SamplingParams options, ``n`` and the number of top log-probabilities asked for."""
+    opts: Dict[str, Any] = {}
+    max_tokens = _integer(body, "max_completion_tokens", 0, 1 << 30, None) if chat else None
+    if max_tokens is None:
+        max_tokens = _integer(body, "max_tokens", 0, 1 << 30, None)
+    # No limit given: until the model stops or the sequence's context is full.
+    opts["max_tokens"] = n_ctx_per_seq if max_tokens is None else max_tokens
+    opts["temperature"] = float(_number(body, "temperature", 0.0, 2.0, 1.0))
+    opts["top_p"] = float(_number(body, "top_p", 0.0, 1.0, 1.0))
+    opts["presence_penalty"] = float(_number(body, "presence_penalty", -2.0, 2.0, 0.0))
+    opts["frequency_penalty"] = float(_number(body, "frequency_penalty", -2.0, 2.0, 0.0))
+    # llama.cpp's own sampling options, which many local clients send.
+    top_k = _integer(body, "top_k", 0, 1 << 30, None)
+    if top_k is not None:
+        opts["top_k"] = top_k
+    min_p = _number(body, "min_p", 0.0, 1.0, None)
+    if min_p is not None:
+        opts["min_p"] = float(min_p)
+    repeat_penalty = _number(body, "repeat_penalty", 0.0, 10.0, None)
+    if repeat_penalty is not None:
+        opts["repeat_penalty"] = float(repeat_penalty)
+    if _get(body, "ignore_eos", (bool,), "a boolean", False):
+        opts["ignore_eos"] = True
+    seed = _get(body, "seed", (int,), "an integer")
+    if seed is not None:
+        opts["seed"] = seed % (1 << 32)  # OpenAI takes any integer; the samplers take 32 bits
+    stop = body.get("stop")
+    if stop is not None:
+        if isinstance(stop, str):
+            stop = [stop]
+        if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
+            raise _bad("stop", "'stop' must be a string or a list of strings")
+        stop = [s for s in stop if s]
+        if stop:
+            opts["stop"] = stop
+    n = _integer(body, "n", 1, MAX_N, 1)
+    if chat:
+        want = _get(body, "logprobs", (bool,), "a boolean", False)
+        k = _integer(body, "top_logprobs", 0, _core.MAX_TOP_LOGPROBS, 0)
+        if k and not want:
+            raise _bad("top_logprobs", "'top_logprobs' needs 'logprobs': true")
+        n_top = k if want else -1
+    else:
+        k = _integer(body, "logprobs", 0, _core.MAX_TOP_LOGPROBS, None)
+        n_top = -1 if k is None else k
+    if n_top >= 0:
+        opts["logprobs"] = True
+        opts["top_logprobs"] = n_top
+    fmt = body.get("response_format")
+    if fmt is not None:
+        if not isinstance(fmt, Mapping) or fmt.get("type") not in ("text", "json_object", "json_schema"):
+            raise _bad("response_format", "'response_format.type' must be 'text', 'json_object' or 'json_schema'")
+        if fmt["type"] == "json_object":
+            opts["json_schema"] = {"type": "object"}  # any JSON object
+        elif fmt["type"] == "json_schema":
+            spec = fmt.get("json_schema")
+            schema = spec.get("schema") if isinstance(spec, Mapping) else None
+            if schema is None:
+                schema = {"type": "object"}
+            if not isinstance(schema, Mapping):
+                raise _bad("response_format", "'response_format.json_schema.schema' must be a JSON schema object")
+            opts["json_schema"] = dict(schema)
+    return opts, n, n_top
+
+
+def _param_of(message: str, default: str) -> str:
+    names = {"json_schema": "response_format", "grammar": "response_format", "stop": "stop", "seed": "seed",
+             "top_logprobs": "top_logprobs", "max_tokens": "max_tokens", "temperature": "temperature",
+             "top_p": "top_p", "top_k": "top_k", "min_p": "min_p"}
+    for key, param in names.items():
+        if message.startswith(key) or f" {key}" in message[:40]:
+            return param
+    return default
+
+
+def usage(prompt_tokens: int, completions: List[_core.Completion]) -> Dict[str, int]:
+    gen = sum(c.n_gen_tokens for c in completions)
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": gen, "total_tokens": prompt_tokens + gen}
+
+
+def prompt_tokens(completions: List[Optional[_core.Completion]], n_prompts: int, n: int) -> int:
+    """Prompt tokens counted once per prompt (its samples share it), as OpenAI counts them."""
+    total = 0
+    for i in range(n_prompts):
+        c = completions[i * n]
+        if c is not None:
+            total += c.n_prompt_tokens + c.n_prompt_tokens_shared
+    return total
+
+
+def _token_text(model_core: Any, token: int, cache: Dict[int, bytes]) -> bytes:
+    b = cache.get(token)
+    if b is None:
+        b = cache[token] = model_core.token_bytes(token)
+    return b
+
+
+def _chat_logprobs(model_core: Any, c: _core.Completion, n_top: int, cache: Dict[int, bytes]) -> Dict[str, Any]:
+    content = []
+    tops = c.top_logprobs
+    for k, (token, lp) in enumerate(zip(c.token_ids, c.logprobs)):
+        b = _token_text(model_core, token, cache)
+        entry = {"token": b.decode("utf-8", "replace"), "logprob": lp, "bytes": list(b), "top_logprobs": []}
+        if n_top > 0 and k < len(tops):
+            for t_id, _text, t_lp in tops[k]:
+                tb = _token_text(model_core, t_id, cache)
+                entry["top_logprobs"].append({"token": tb.decode("utf-8", "replace"), "logprob": t_lp,
+                                              "bytes": list(tb)})
+        content.append(entry)
+    return {"content": content, "refusal": None}
+
+
+def _completion_logprobs(model_core: Any, c: _core.Completion, n_top: int, cache: Dict[int, bytes],
+                         offset: int = 0) -> Dict[str, Any]:
+    tokens, offsets, tops = [], [], []
+    pos = offset
+    for k, token in enumerate(c.token_ids):
+        text = _token_text(model_core, token, cache).decode("utf-8", "replace")
+        tokens.append(text)
+        offsets.append(pos)
+        pos += len(text)
+        if n_top > 0 and k < len(c.top_logprobs):
+            tops.append({_token_text(model_core, t, cache).decode("utf-8", "replace"): lp
+                         for t, _text, lp in c.top_logprobs[k]})
+        else:
+            tops.append(None)
+    return {"tokens": tokens, "token_logprobs": list(c.logprobs), "top_logprobs": tops if n_top > 0 else None,
+            "text_offset": offsets}
+
+
+
+
+@dataclasses.dataclass
+class Parsed:
+    """One chat or completions request, checked."""
+
+    chat: bool
+    prompts: List[Any]  # one message list (chat), or the prompt strings
+    opts: Dict[str, Any]  # SamplingParams options (without n)
+    n: int
+    n_top: int  # -1: no log-probabilities; else how many alternatives per token
+    stream: bool
+    include_usage: bool
+    echo: bool
+    model: Optional[str]
+
+    @property
+    def param(self) -> str:
+        return "messages" if self.chat else "prompt"
+
+    def sampling_params(self) -> List[SamplingParams]:
+        """One SamplingParams per sample: sample j is seeded seed + j, as generate_parallel's n."""
+        seed = self.opts.get("seed")
+        if seed is None and self.n > 1:
+            seed = random.getrandbits(32)
+        try:
+            out = []
+            for j in range(self.n):
+                o = dict(self.opts)
+                if seed is not None:
+                    o["seed"] = (seed + j) % (1 << 32)
+                out.append(SamplingParams(**o))
+            return out
+        except (TypeError, ValueError) as e:
+            raise _bad(_param_of(str(e), self.param), str(e)) from None
+
+
+def parse(body: Any, chat: bool, n_ctx_per_seq: int) -> Parsed:
+    """A request body (parsed JSON) as a Parsed request; APIError (400 naming the field)."""
+    if not isinstance(body, Mapping):
+        raise APIError(400, "the request body must be a JSON object")
+    if chat:
+        _unsupported(body, ("tools", "functions", "logit_bias", "audio"))
+        prompts: List[Any] = [_messages(body)]
+    else:
+        _unsupported(body, ("suffix", "logit_bias"))
+        prompts = _prompts(body)
+    stream = _get(body, "stream", (bool,), "a boolean", False)
+    so = body.get("stream_options")
+    if so is not None and not isinstance(so, Mapping):
+        raise _bad("stream_options", "'stream_options' must be an object")
+    include_usage = bool(so and so.get("include_usage")) and stream
+    echo = False if chat else _get(body, "echo", (bool,), "a boolean", False)
+    opts, n, n_top = _sampling(body, chat, n_ctx_per_seq)
+    if echo and n_top >= 0:
+        raise _bad("echo", "'echo' with 'logprobs' (scoring the prompt) is not supported")
+    model = body.get("model") if isinstance(body.get("model"), str) else None
+    return Parsed(chat, prompts, opts, n, n_top, stream, include_usage, echo, model)
+
+
+def prompt_failure(c: _core.Completion, param: str) -> Optional[APIError]:
+    """A prompt that could not be served (too long, empty, ...) is the request's 400."""
+    if c.finish_reason == "error" and c.n_gen_tokens == 0:
+        code = "context_length_exceeded" if "n_ctx_per_seq" in (c.error or "") else None
+        return _bad(param, c.error or "the prompt failed", code)
+    return None
+
+
+def failure(c: _core.Completion, param: str) -> Optional[APIError]:
+    """Why a finished completion is no answer (None if it is one)."""
+    if c.finish_reason in FINISH:
+        return None
+    if c.finish_reason == "cancelled":
+        return APIError(503, "the request was cancelled: the server is shutting down", "server_error",
+                        code="cancelled")
+    return prompt_failure(c, param) or APIError(500, f"generation failed: {c.error}", "server_error")
+
+
+def response_body(req: Parsed, rid: str, created: int, model: str, completions: List[_core.Completion],
+                  model_core: Any) -> Dict[str, Any]:
+    """The chat.completion or text_completion object of finished, successful completions
+    (prompt after prompt, each prompt's n samples in order)."""
+    cache: Dict[int, bytes] = {}
+    choices = []
+    for k, c in enumerate(completions):
+        if req.chat:
+            choices.append({"index": k, "message": {"role": "assistant", "content": c.text, "refusal": None},
+                            "logprobs": _chat_logprobs(model_core, c, req.n_top, cache) if req.n_top >= 0 else None,
+                            "finish_reason": FINISH[c.finish_reason]})
+        else:
+            prefix = req.prompts[k // req.n] if req.echo else ""
+            choices.append({"index": k, "text": prefix + c.text,
+                            "logprobs": (_completion_logprobs(model_core, c, req.n_top, cache)
+                                         if req.n_top >= 0 else None),
+                            "finish_reason": FINISH[c.finish_reason]})
+    return {"id": rid, "object": "chat.completion" if req.chat else "text_completion", "created": created,
+            "model": model, "system_fingerprint": None, "choices": choices,
+            "usage": usage(prompt_tokens(completions, len(req.prompts), req.n), completions)}
+
+
+def chunk_logprobs(req: Parsed, c: _core.Completion, model_core: Any, cache: Dict[int, bytes]) -> Any:
+    if req.n_top < 0:
+        return None
+    return (_chat_logprobs(model_core, c, req.n_top, cache) if req.chat
+            else _completion_logprobs(model_core, c, req.n_top, cache))

@@ -1,0 +1,479 @@
+"""An OpenAI-compatible HTTP server over one ``fastpar.Engine`` (``fastpar serve``).
+
+``create_app(engine)`` returns the ASGI application (Starlette); ``serve(...)`` runs it
+with uvicorn. Every request becomes one Engine request per sample, so the HTTP layer
+adds no batching of its own: the engine's continuous batching serves all connections.
+The event loop never waits on generation: the engine's worker thread wakes it
+(``call_soon_threadsafe``) when a request has new text or has finished.
+
+Endpoints: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``,
+``GET /health``, ``GET /metrics`` (docs/server.md).
+"""
+
+from __future__ import annotations
+
+try:
+    import prometheus_client
+    from starlette.applications import Starlette
+    from starlette.requests import Request as HTTPRequest
+    from starlette.responses import JSONResponse, Response, StreamingResponse
+    from starlette.routing import Route
+except ImportError as _e:  # pragma: no cover - depends on the installation
+    raise ImportError(f"fastpar.server needs the optional server dependencies ({_e.name} is missing): "
+                      "pip install 'fastpar[server]'") from _e
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import secrets
+import time
+from typing import Any, Callable, Dict, List, Optional, Union
+
+from . import _core
+from ._engine import Engine, Request
+from ._openai import RETRY_AFTER_S, APIError, Parsed, chunk_logprobs, failure, parse, prompt_failure, prompt_tokens
+from ._openai import response_body, usage
+
+__all__ = ["create_app", "serve"]
+
+logger = logging.getLogger("fastpar.server")
+
+
+def _error(e: APIError) -> JSONResponse:
+    return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+
+
+# -- the application ------------------------------------------------------------------------------
+
+class _Metrics:
+    def __init__(self, state: "_State") -> None:
+        self.registry = prometheus_client.CollectorRegistry()
+        r = self.registry
+        self.requests = prometheus_client.Counter(
+            "fastpar_requests", "HTTP generation requests by endpoint and outcome", ["endpoint", "outcome"], registry=r)
+        self.prompt_tokens = prometheus_client.Counter("fastpar_prompt_tokens", "Prompt tokens of answered requests",
+                                                       registry=r)
+        self.generated_tokens = prometheus_client.Counter("fastpar_generated_tokens", "Generated tokens", registry=r)
+        buckets = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+        self.ttft = prometheus_client.Histogram("fastpar_time_to_first_token_seconds",
+                                                "From submission to the first generated token, per sample",
+                                                buckets=buckets, registry=r)
+        self.latency = prometheus_client.Histogram("fastpar_request_latency_seconds",
+                                                   "From receiving a request to its last byte", buckets=buckets,
+                                                   registry=r)
+        prometheus_client.Gauge("fastpar_queue_depth", "Requests waiting for a slot",
+                                registry=r).set_function(lambda: state.stat("n_queued"))
+        prometheus_client.Gauge("fastpar_busy_slots", "Slots generating or reading a prompt",
+                                registry=r).set_function(lambda: state.stat("n_active"))
+
+
+class _State:
+    """The engine (or its loading), the names and the metrics of one application."""
+
+    def __init__(self, engine: Union[Engine, Callable[[], Engine]], model_name: Optional[str],
+                 api_key: Optional[str]) -> None:
+        self.engine: Optional[Engine] = engine if isinstance(engine, Engine) else None
+        self.loader = None if isinstance(engine, Engine) else engine
+        self.owned = self.engine is None  # an engine the app loaded is the app's to close
+        self.load_error: Optional[BaseException] = None
+        self.model_name = model_name
+        if self.engine is not None and model_name is None:
+            self.model_name = _name_of(self.engine)
+        self.api_key = api_key
+        self.created = int(time.time())
+        self.metrics = _Metrics(self)
+
+    def stat(self, name: str) -> float:
+        return getattr(self.engine.stats(), name) if self.engine is not None else 0
+
+    def ready(self) -> Engine:
+        if self.engine is None:
+            why = f"the model failed to load: {self.load_error}" if self.load_error else "the model is loading"
+            raise APIError(503, f"not ready: {why}", "server_error", code="model_not_ready",
+                             headers={"Retry-After": str(RETRY_AFTER_S)})
+        return self.engine
+
+    def check_key(self, request: HTTPRequest) -> None:
+        if self.api_key is None:
+            return
+        auth = request.headers.get("authorization", "")
+        scheme, _, key = auth.partition(" ")
+        if scheme.lower() != "bearer" or not secrets.compare_digest(key.strip().encode(), self.api_key.encode()):
+            raise APIError(401, "Incorrect or missing API key: send 'Authorization: Bearer <key>'",
+                             "invalid_request_error", code="invalid_api_key")
+
+
+def _name_of(engine: Engine) -> str:
+    return os.path.splitext(os.path.basename(engine.model.path))[0]
+
+
+class _Wakeup:
+    """Wakes the event loop from the engine's thread, at most once per loop iteration:
+    many tokens arriving between two iterations cost one wake-up."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.event = asyncio.Event()
+        self.scheduled = False
+
+    def notify(self) -> None:  # on the engine's thread
+        if not self.scheduled:
+            self.scheduled = True
+            try:
+                self.loop.call_soon_threadsafe(self._fire)
+            except RuntimeError:  # the loop has closed: nobody is waiting any more
+                pass
+
+    def _fire(self) -> None:
+        self.scheduled = False
+        self.event.set()
+
+
+async def _wait_disconnect(receive: Callable) -> None:
+    """Returns when the client has gone (the request body has been read already)."""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+def _queue_full() -> APIError:
+    return APIError(429, "the server's queue is full; retry later", "rate_limit_error", code="queue_full",
+                    headers={"Retry-After": str(RETRY_AFTER_S)})
+
+
+class _Job:
+    """The engine requests (one per prompt and sample, prompt after prompt) of one HTTP request."""
+
+    def __init__(self, engine: Engine, req: Parsed) -> None:
+        self.wakeup = _Wakeup(asyncio.get_running_loop())
+        self.requests: List[Request] = []
+        params = req.sampling_params()
+        try:
+            for prompt in req.prompts:
+                for sp in params:
+                    r = engine.submit(prompt, sp)
+                    self.requests.append(r)
+                    r._handle.set_listener(self.wakeup.notify)
+        except _core.QueueFull:
+            self.cancel()
+            raise _queue_full() from None
+        except _core.EngineClosed as e:
+            self.cancel()
+            raise APIError(503, f"the server is shutting down: {e}", "server_error", code="engine_closed") from None
+        except (TypeError, ValueError) as e:
+            self.cancel()
+            raise APIError(400, str(e), param=req.param) from None
+
+    def cancel(self) -> None:
+        for r in self.requests:
+            r.cancel()
+
+    def done(self) -> bool:
+        return all(r.done() for r in self.requests)
+
+    async def wait(self, gone: "asyncio.Future[None]") -> bool:
+        """Waits for news from the engine (or the client leaving); False once it has left."""
+        if not gone.done():
+            await self.wakeup.event.wait()
+            self.wakeup.event.clear()
+        return not gone.done()
+
+
+def _sse(data: Any) -> bytes:
+    return b"data: " + json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode() + b"\n\n"
+
+
+_DONE = b"data: [DONE]\n\n"
+
+
+def create_app(engine: Union[Engine, Callable[[], Engine]], *, model_name: Optional[str] = None,
+               api_key: Optional[str] = None, max_queued: Optional[int] = None) -> Starlette:
+    """The OpenAI-compatible ASGI application over ``engine``.
+
+    ``engine``: a ``fastpar.Engine`` (the caller keeps it and closes it), or a function
+    that loads and returns one: it is called on a worker thread when the application
+    starts, ``/health`` answers 503 until it returns, and the application closes that
+    engine when it shuts down. ``max_queued``: how many engine requests (prompts x
+    samples) may wait for a slot before a request that would add to them is answered 429
+    (default: the engine's own ``max_queued``, which always applies). ``model_name``: the name ``/v1/models``
+    lists and responses carry (default: the GGUF file's name); requests may name any
+    model. ``api_key``: when set, ``/v1/*`` need ``Authorization: Bearer <api_key>``
+    (else 401); ``/health`` and ``/metrics`` stay open.
+    """
+    if api_key is not None and (not isinstance(api_key, str) or not api_key):
+        raise ValueError("api_key must be a non-empty str or None")
+    if not isinstance(engine, Engine) and not callable(engine):
+        raise TypeError(f"engine must be a fastpar.Engine or a function returning one, got {type(engine).__name__}")
+    if max_queued is not None and (isinstance(max_queued, bool) or not isinstance(max_queued, int) or max_queued < 0):
+        raise ValueError(f"max_queued must be an int >= 0 or None, got {max_queued!r}")
+    state = _State(engine, model_name, api_key)
+    metrics = state.metrics
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette):
+        loading = None
+        if state.loader is not None:
+            def load() -> None:
+                try:
+                    e = state.loader()
+                    if not isinstance(e, Engine):
+                        raise TypeError(f"the engine loader returned {type(e).__name__}, not a fastpar.Engine")
+                    if state.model_name is None:
+                        state.model_name = _name_of(e)
+                    state.engine = e
+                    logger.info("model %s loaded", state.model_name)
+                except BaseException as e:  # noqa: BLE001 - reported by /health and the log
+                    state.load_error = e
+                    logger.error("loading the model failed: %s", e)
+
+            loading = asyncio.get_running_loop().run_in_executor(None, load)
+        try:
+            yield
+        finally:
+            if loading is not None:
+                await loading
+            if state.owned and state.engine is not None:
+                # Cancels what still runs; the worker thread ends within a step.
+                await asyncio.get_running_loop().run_in_executor(None, state.engine.close)
+
+    def finished(name: str, t0: float, completions: List[_core.Completion], n_prompt: int, outcome: str) -> None:
+        metrics.requests.labels(name, outcome).inc()
+        metrics.latency.observe(time.monotonic() - t0)
+        metrics.prompt_tokens.inc(n_prompt)
+        metrics.generated_tokens.inc(sum(c.n_gen_tokens for c in completions))
+        for c in completions:
+            if c.n_gen_tokens > 0:
+                metrics.ttft.observe(c.t_first_token_ms / 1000.0)
+
+    def generation_endpoint(chat: bool) -> Callable:
+        name = "chat" if chat else "completions"
+
+        async def run(request: HTTPRequest) -> Response:
+            t0 = time.monotonic()
+            try:
+                state.check_key(request)
+                engine = state.ready()
+                raw = await request.body()
+                try:
+                    body = json.loads(raw)
+                except ValueError as e:
+                    raise APIError(400, f"the request body is not valid JSON: {e}") from None
+                req = parse(body, chat, engine._engine.n_ctx_per_seq)
+                if max_queued is not None:
+                    s = engine.stats()
+                    free = engine._engine.n_parallel - s.n_active
+                    if s.n_queued + len(req.prompts) * req.n - max(free, 0) > max_queued:
+                        raise _queue_full()
+                job = _Job(engine, req)
+            except APIError as e:
+                outcome = {400: "bad_request", 401: "unauthorized", 429: "queue_full"}.get(e.status, "error")
+                metrics.requests.labels(name, outcome).inc()
+                return _error(e)
+            gone = asyncio.ensure_future(_wait_disconnect(request.receive))
+            gone.add_done_callback(lambda _: job.wakeup.event.set())
+            try:
+                # Nothing is sent before the engine has answered once: a prompt that
+                # cannot be served (too long, empty) is a 400, not a stream that fails.
+                if not any(r.done() for r in job.requests) and not await job.wait(gone):
+                    job.cancel()
+                    gone.cancel()
+                    metrics.requests.labels(name, "client_disconnect").inc()
+                    return Response(status_code=499)
+                for r in job.requests:
+                    bad = prompt_failure(r.result(0), req.param) if r.done() else None
+                    if bad is not None:
+                        job.cancel()
+                        gone.cancel()
+                        metrics.requests.labels(name, "bad_request").inc()
+                        return _error(bad)
+            except BaseException:
+                job.cancel()
+                gone.cancel()
+                raise
+            rid = ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12)
+            model = req.model or state.model_name
+            if not req.stream:
+                return await whole(name, req, job, gone, rid, model, engine, t0)
+            return StreamingResponse(stream(name, req, job, gone, rid, model, engine, t0),
+                                     media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+        return run
+
+    async def whole(name: str, req: Parsed, job: _Job, gone, rid: str, model: str, engine: Engine,
+                    t0: float) -> Response:
+        try:
+            while not job.done():
+                if not await job.wait(gone):
+                    job.cancel()
+                    finished(name, t0, [], 0, "client_disconnect")
+                    return Response(status_code=499)
+        except BaseException:  # the server cancels it (shutdown)
+            job.cancel()
+            raise
+        finally:
+            gone.cancel()
+        completions = [r.result(0) for r in job.requests]
+        n_prompt = prompt_tokens(completions, len(req.prompts), req.n)
+        for c in completions:
+            err = failure(c, req.param)
+            if err is not None:
+                finished(name, t0, completions, n_prompt, "error")
+                return _error(err)
+        finished(name, t0, completions, n_prompt, "success")
+        return JSONResponse(response_body(req, rid, int(time.time()), model, completions, engine.model._model))
+
+    async def stream(name: str, req: Parsed, job: _Job, gone, rid: str, model: str, engine: Engine, t0: float):
+        chat = req.chat
+        obj = "chat.completion.chunk" if chat else "text_completion"
+        created = int(time.time())
+        extra = {"usage": None} if req.include_usage else {}
+        model_core = engine.model._model
+
+        def chunk(index: int, text: Optional[str], finish: Optional[str], logprobs: Any = None,
+                  role: bool = False) -> bytes:
+            if chat:
+                delta: Dict[str, Any] = {"role": "assistant"} if role else {}
+                if text is not None:
+                    delta["content"] = text
+                choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+            else:
+                choice = {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish}
+            return _sse({"id": rid, "object": obj, "created": created, "model": model, "system_fingerprint": None,
+                         "choices": [choice], **extra})
+
+        requests = job.requests
+        pending = list(range(len(requests)))
+        cache: Dict[int, bytes] = {}
+        completions: List[Optional[_core.Completion]] = [None] * len(requests)
+        outcome = "client_disconnect"
+        try:
+            for k in range(len(requests)):
+                if chat:
+                    yield chunk(k, "", None, role=True)
+                elif req.echo:
+                    yield chunk(k, req.prompts[k // req.n], None)
+            while pending:
+                still = []
+                for k in pending:
+                    r = requests[k]
+                    done = r.done()  # before taking: no piece can follow a finish
+                    pieces = r._handle.take_pieces()
+                    if pieces:
+                        yield chunk(k, "".join(pieces), None)
+                    if not done:
+                        still.append(k)
+                        continue
+                    c = completions[k] = r.result(0)
+                    err = failure(c, req.param)
+                    if err is not None:
+                        # After the stream began, an error is an "error" event (OpenAI's
+                        # clients raise it); the other samples are cancelled.
+                        outcome = "error"
+                        job.cancel()
+                        yield _sse(err.body())
+                        return
+                    yield chunk(k, None if chat else "", c.finish_reason, chunk_logprobs(req, c, model_core, cache))
+                pending = still
+                if pending and not await job.wait(gone):
+                    return
+            done_list = [c for c in completions if c is not None]
+            n_prompt = prompt_tokens(completions, len(req.prompts), req.n)
+            if req.include_usage:
+                yield _sse({"id": rid, "object": obj, "created": created, "model": model,
+                            "system_fingerprint": None, "choices": [], "usage": usage(n_prompt, done_list)})
+            yield _DONE
+            outcome = "success"
+            finished(name, t0, done_list, n_prompt, outcome)
+        finally:
+            # A client that leaves (seen by the disconnect watcher, or a failed send that
+            # closes this generator) cancels what still generates: its slot frees in a step.
+            gone.cancel()
+            if outcome != "success":
+                job.cancel()
+                finished(name, t0, [c for c in completions if c is not None], 0, outcome)
+
+    async def models(request: HTTPRequest) -> Response:
+        try:
+            state.check_key(request)
+        except APIError as e:
+            return _error(e)
+        data = []
+        if state.model_name is not None:
+            data.append({"id": state.model_name, "object": "model", "created": state.created, "owned_by": "fastpar"})
+        return JSONResponse({"object": "list", "data": data})
+
+    async def health(request: HTTPRequest) -> Response:
+        if state.engine is None:
+            body = {"status": "error" if state.load_error is not None else "loading"}
+            if state.load_error is not None:
+                body["error"] = str(state.load_error)
+            return JSONResponse(body, status_code=503)
+        if state.engine.closed:
+            return JSONResponse({"status": "closed"}, status_code=503)
+        s = state.engine.stats()
+        return JSONResponse({"status": "ok", "model": state.model_name, "slots_busy": s.n_active,
+                             "slots_total": state.engine._engine.n_parallel, "queue_depth": s.n_queued})
+
+    async def metrics_endpoint(request: HTTPRequest) -> Response:
+        return Response(prometheus_client.generate_latest(metrics.registry),
+                        media_type=prometheus_client.CONTENT_TYPE_LATEST)
+
+    routes = [
+        Route("/v1/chat/completions", generation_endpoint(True), methods=["POST"]),
+        Route("/v1/completions", generation_endpoint(False), methods=["POST"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
+        Route("/metrics", metrics_endpoint, methods=["GET"]),
+    ]
+    app = Starlette(routes=routes, lifespan=lifespan)
+    app.state.fastpar = state
+    return app
+
+
+def serve(model: Optional[str] = None, *, host: str = "127.0.0.1", port: int = 8000, n_parallel: int = 8,
+          n_ctx_per_seq: int = 4096, n_gpu_layers: int = 0, n_threads: Optional[int] = None,
+          max_queued: int = 1024, api_key: Optional[str] = None, model_name: Optional[str] = None,
+          shutdown_timeout: float = 5.0, log_level: str = "info") -> int:
+    """Run the server until SIGTERM or Ctrl-C, then stop accepting, give the requests in
+    flight up to ``shutdown_timeout`` seconds, cancel the rest and close the engine;
+    returns 0, or 1 if the model failed to load. ``model``: a GGUF path (default: the
+    default model, fetched on first use). The model loads once the port is open;
+    ``/health`` answers 503 until it has."""
+    import signal
+
+    import uvicorn
+
+    import fastpar
+
+    class Server(uvicorn.Server):
+        # uvicorn re-raises the signal it stopped on once it has shut down, so the process
+        # would die of SIGTERM; a graceful stop is a clean exit here.
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            if self.should_exit and sig == signal.SIGINT:
+                self.force_exit = True
+            self.should_exit = True
+
+    server: Optional[Server] = None
+
+    def load() -> Engine:
+        try:
+            path = model if model is not None else fastpar.default_model_path()
+            m = fastpar.Model(path, n_gpu_layers=n_gpu_layers)
+            return Engine(m, n_parallel=n_parallel, n_ctx_per_seq=n_ctx_per_seq, n_threads=n_threads,
+                          max_queued=max_queued)
+        except BaseException:
+            if server is not None:
+                server.should_exit = True
+            raise
+
+    app = create_app(load, model_name=model_name, api_key=api_key)
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
+                            timeout_graceful_shutdown=shutdown_timeout, access_log=False)
+    server = Server(config)
+    server.run()
+    state: _State = app.state.fastpar
+    return 1 if state.load_error is not None or not server.started else 0
