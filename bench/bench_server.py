@@ -191,7 +191,7 @@ def percentile(xs: list, q: float) -> float:
 
 # ----------------------------------------------------------------------------- workloads
 
-def workloads(names: list, default_model: fastpar.Model, speed: fastpar.Model, gpu: bool) -> list:
+def workloads(names: list, default_model, speed: fastpar.Model, gpu: bool) -> list:
     """(name, model path, users = slots, requests, n_ctx_per_seq)."""
     out = []
     if gpu:
@@ -237,9 +237,10 @@ def main() -> int:
                                  tools["llama-quantize"], "--type", "Q4_K_M"], capture_output=True, text=True,
                                 check=True).stdout.strip().splitlines()[-1]
     ngl = bench_run.Target.n_gpu_layers
-    default_model = fastpar.Model(fastpar.default_model_path(), n_gpu_layers=ngl)
     speed = fastpar.Model(speed_path, n_gpu_layers=ngl)
-    models = {default_model.path: default_model, speed.path: speed}
+    # The GPU workloads use the speed model alone (a GPU machine may have no network to fetch the default).
+    default_model = None if args.gpu else fastpar.Model(fastpar.default_model_path(), n_gpu_layers=ngl)
+    models = {m.path: m for m in (default_model, speed) if m is not None}
     load_before = os.getloadavg()
     rows = []
     notes: list = []
