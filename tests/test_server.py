@@ -312,12 +312,10 @@ def test_many_streams_with_clients_leaving(model, tmp_path):
         # 64 clients) is not part of what is measured.
         times_file = tmp_path / "health.txt"
         watcher = subprocess.Popen([sys.executable, "-c", HEALTH_WATCHER, base + "/health", str(times_file)])
-        client = openai.AsyncOpenAI(base_url=base + "/v1", api_key="x", max_retries=0,
-                                    http_client=httpx.AsyncClient(limits=httpx.Limits(max_connections=100)))
         prompts = ["The capital of France is", "def fibonacci(n):\n", "Once upon a time,", "Water boils at",
                    "The best way to learn a language is", "Dear Sir or Madam,"]
 
-        async def user(rng: random.Random, n_requests: int, tally: dict):
+        async def user(client, rng: random.Random, n_requests: int, tally: dict):
             for _ in range(n_requests):
                 leave_after = rng.choice([None, None, 0, 1, 3, 6])  # chunks read before leaving; None: all
                 chat = rng.random() < 0.5
@@ -341,7 +339,10 @@ def test_many_streams_with_clients_leaving(model, tmp_path):
         async def round_(seed: int) -> dict:
             tally = {"done": 0, "left": 0}
             rngs = [random.Random(seed * 1000 + u) for u in range(64)]
-            await asyncio.wait_for(asyncio.gather(*(user(r, 4, tally) for r in rngs)), timeout=300)
+            async with openai.AsyncOpenAI(base_url=base + "/v1", api_key="x", max_retries=0,
+                                          http_client=httpx.AsyncClient(limits=httpx.Limits(max_connections=100))
+                                          ) as client:
+                await asyncio.wait_for(asyncio.gather(*(user(client, r, 4, tally) for r in rngs)), timeout=300)
             return tally
 
         async def rounds():
