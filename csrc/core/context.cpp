@@ -132,6 +132,8 @@ Context::Context(std::shared_ptr<const Model> model, const ContextParams & param
                                   params_.share_prefixes, params_.n_parallel, n_threads_);
     // Host sampling of many sequences at once uses the decode threads' cores, idle then.
     pool_ = std::make_unique<TaskPool>(std::max(0, n_threads_ - 1), policy_.pool);
+    // A count the user chose is kept; fastpar's own default adapts to a shared machine.
+    governor_ = std::make_unique<ThreadGovernor>(n_threads_, params_.n_threads == 0);
     llama_set_abort_callback(
         ctx_, [](void * data) { return static_cast<std::atomic<bool> *>(data)->load(); }, &abort_);
     if (device_.reducer) {
@@ -226,6 +228,7 @@ void Context::with_scheduler(Stats & stats, const StepPolicy & policy, const std
     options.policy = policy;
     options.pool = pool_.get();
     options.device = device_.reducer ? &device_ : nullptr;
+    options.threads = governor_.get();
     Scheduler scheduler(*model_, ctx_, batch_, options, stats);
     try {
         body(scheduler);

@@ -14,6 +14,7 @@
 #include "core/pool.hpp"
 #include "core/scheduler.hpp"
 #include "core/step_policy.hpp"
+#include "core/thread_governor.hpp"
 #include "llama.h"
 
 namespace fastpar {
@@ -94,6 +95,7 @@ private:
     std::atomic<bool> abort_{false};
     StepPolicy policy_;
     std::unique_ptr<TaskPool> pool_;
+    std::unique_ptr<ThreadGovernor> governor_;
     // Device sampling's reducer and which slots have it attached, kept across calls;
     // ~Context detaches them before it frees ctx_.
     DeviceSampling device_;

@@ -165,6 +165,9 @@ struct Stats {
     int64_t n_grammar_wider = 0;
     int64_t n_grammar_whole = 0;
     int64_t n_grammar_cached = 0;
+    // The fewest threads llama.cpp computed a step of the call with: below the context's
+    // n_threads when its threads had to wait for CPUs others held (thread_governor.hpp).
+    int32_t n_threads_low = 0;
 
     double prompt_tokens_per_s() const { return t_prompt_ms > 0 ? 1e3 * static_cast<double>(n_prompt_tokens) / t_prompt_ms : 0.0; }
     double gen_tokens_per_s() const { return t_gen_ms > 0 ? 1e3 * static_cast<double>(n_gen_tokens) / t_gen_ms : 0.0; }

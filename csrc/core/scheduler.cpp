@@ -66,7 +66,7 @@ struct Scheduler::Slot {
 
 Scheduler::Scheduler(const Model & model, llama_context * ctx, llama_batch & batch, const SchedulerOptions & options,
                      Stats & stats)
-    : model_(model), ctx_(ctx), mem_(llama_get_memory(ctx)), batch_(batch), n_batch_(options.n_batch),
+    : model_(model), ctx_(ctx), threads_(options.threads), mem_(llama_get_memory(ctx)), batch_(batch), n_batch_(options.n_batch),
       n_ctx_seq_(options.n_ctx_seq), stats_(stats), pool_(options.pool), device_(options.device),
       policy_(options.policy), chooser_(options.pool, options.policy.split_rows), grammars_(model.vocab()),
       sharing_(options.policy.share_prefixes || options.policy.share_samples ? static_cast<size_t>(options.n_parallel)
@@ -416,12 +416,19 @@ void Scheduler::decode_group(std::vector<Slot *> group) {
                                                [](const Slot * s) { return (s->i_logits < 0 && s->n_score == 0) || s->on_device; });
         device_->reducer->expect(batch_, all_on_device);
     }
+    if (threads_ != nullptr) {
+        const int32_t n = threads_->threads();
+        stats_.n_threads_low = stats_.n_threads_low == 0 ? n : std::min(stats_.n_threads_low, n);
+    }
     const auto t0 = Clock::now();
     const int32_t rc = llama_decode(ctx_, batch_);
     if (rc == 0) {
         llama_synchronize(ctx_);  // a GPU computes after llama_decode returns: count it here
     }
     const double dt = ms_since(t0);
+    if (threads_ != nullptr) {
+        threads_->after_decode(ctx_);
+    }
     ++stats_.n_decode_calls;
     stats_.n_padding_tokens += n_padding;
     const double share = static_cast<double>(n_prompt_tokens) / static_cast<double>(n_prompt_tokens + n_gen_tokens);

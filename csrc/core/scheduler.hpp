@@ -21,6 +21,7 @@
 #include "core/step_plan.hpp"
 #include "core/step_policy.hpp"
 #include "core/structured.hpp"
+#include "core/thread_governor.hpp"
 #include "core/token_chooser.hpp"
 #include "llama.h"
 
@@ -76,6 +77,9 @@ struct SchedulerOptions {
     // inside the graph for every request whose chain can start from them
     // (LogitReducer::serves); the others get whole rows. May be null.
     DeviceSampling * device = nullptr;
+    // Adapts llama.cpp's thread count to the CPUs this process gets (kept by the context);
+    // may be null.
+    ThreadGovernor * threads = nullptr;
 };
 
 class Scheduler {
@@ -117,6 +121,7 @@ private:
 
     const Model & model_;
     llama_context * ctx_;
+    ThreadGovernor * threads_;
     llama_memory_t mem_;
     llama_batch & batch_;
     int32_t n_batch_;

@@ -181,6 +181,7 @@ void register_generate(py::module_ & m) {
         .def_readonly("n_grammar_wider", &Stats::n_grammar_wider)
         .def_readonly("n_grammar_whole", &Stats::n_grammar_whole)
         .def_readonly("n_grammar_cached", &Stats::n_grammar_cached)
+        .def_readonly("n_threads_low", &Stats::n_threads_low)
         .def_property_readonly("backend", [](const Stats &) { return std::string(backend_name()); })
         .def_property_readonly("prompt_tokens_per_s", &Stats::prompt_tokens_per_s)
         .def_property_readonly("gen_tokens_per_s", &Stats::gen_tokens_per_s)
@@ -189,7 +190,7 @@ void register_generate(py::module_ & m) {
         "n_prompts", "n_failed", "n_prompt_tokens", "n_prompt_tokens_shared", "n_gen_tokens", "t_prompt_ms",
         "t_gen_ms", "t_wall_ms", "n_decode_calls", "n_kv_full_retries", "n_device_sampled", "t_sample_ms",
         "n_padding_tokens", "n_grammar_kept", "n_grammar_top", "n_grammar_wider", "n_grammar_whole",
-        "n_grammar_cached", "backend", "prompt_tokens_per_s", "gen_tokens_per_s", "total_tokens_per_s"};
+        "n_grammar_cached", "n_threads_low", "backend", "prompt_tokens_per_s", "gen_tokens_per_s", "total_tokens_per_s"};
     def_record(stats, "Stats", stats_fields, stats_fields);
 
     py::class_<Context>(m, "Context", "A llama.cpp context with n_parallel slots.")

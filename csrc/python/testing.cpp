@@ -14,6 +14,7 @@
 #include <pybind11/stl.h>
 
 #include "core/cpus.hpp"
+#include "core/thread_governor.hpp"
 #include "core/errors.hpp"
 #include "core/params.hpp"
 #include "core/pool.hpp"
@@ -285,6 +286,9 @@ PYBIND11_MODULE(_testing, m) {
     m.def("stress_task_pool", &fastpar::python::stress_task_pool, py::call_guard<py::gil_scoped_release>(), py::arg("n_workers"),
           py::arg("runs"), py::arg("caller_spin_us") = 0, py::arg("anticipate_us") = 0,
           "Runs that broke the sampling pool's contract (testing.cpp, stress_task_pool).");
+    m.def("thread_governor_decide", &ThreadGovernor::decide, py::arg("threads"), py::arg("max_threads"),
+          py::arg("waited"), py::arg("since_change_s"),
+          "ThreadGovernor's rule on one window (core/thread_governor.hpp): the next thread count.");
     m.def("available_cpus", &available_cpus, "CPUs this process may use: n_threads=None's threads (core/cpus.hpp).");
     m.def("cgroup_cpu_quota", &cgroup_cpu_quota, py::arg("root"),
           "The CPU quota (CPUs; 0: none) of the cgroups named under root/proc/self (core/cpus.hpp).");
