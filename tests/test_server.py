@@ -20,11 +20,11 @@ import pytest
 import fastpar
 from conftest import N_GPU_LAYERS, ON_GPU
 
-pytest.importorskip("starlette")
-openai = pytest.importorskip("openai")
-httpx = pytest.importorskip("httpx")
-jsonschema = pytest.importorskip("jsonschema")
-uvicorn = pytest.importorskip("uvicorn")
+# The test extra brings these (pyproject.toml); a missing one is an error, never a skip.
+import httpx  # noqa: E402
+import jsonschema  # noqa: E402
+import openai  # noqa: E402
+import uvicorn  # noqa: E402
 
 from fastpar.server import create_app  # noqa: E402
 
