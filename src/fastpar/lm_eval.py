@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 from typing import Any, Dict, List, Optional, Tuple, Union
 
+import lm_eval.models  # noqa: F401
 from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 
@@ -34,6 +35,8 @@ def _number(value: Any, kind: type) -> Any:
     return kind(value) if value is not None else None
 
 
+# lm-eval fills its registry with its own models only while the registry is empty (its
+# get_model): they are imported above, before "fastpar" is added, so both stay reachable.
 @register_model("fastpar")
 class FastparLM(TemplateLM):
     """lm-evaluation-harness model over a fastpar ``Context``.
