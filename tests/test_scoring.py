@@ -154,6 +154,34 @@ def test_prompt_logprobs_in_generation(model: fastpar.Model, ctx: fastpar.Contex
     assert s.logprob == pytest.approx(math.fsum(c.prompt_logprobs[5:]), abs=BATCH_TOL)
     assert s.is_greedy == all(c.prompt_greedy[5:])
     assert plain.prompt_logprobs == [] and plain.prompt_token_ids == []
+    assert plain.prompt_top_logprobs == [] and c.prompt_top_logprobs == []  # only with top_logprobs
+
+
+def test_prompt_top_logprobs(model: fastpar.Model, ctx: fastpar.Context) -> None:
+    """With top_logprobs=k each scored prompt position lists its k most likely tokens:
+    sorted, with the log-probabilities prompt_logprobs and the generated top_logprobs use."""
+    prompt = CONTEXTS[1]
+    c = fastpar.generate_parallel(ctx, [prompt], max_tokens=3, temperature=0.0, prompt_logprobs=True,
+                                  top_logprobs=4)[0]
+    n = len(c.prompt_token_ids)
+    assert len(c.prompt_top_logprobs) == n and c.prompt_top_logprobs[0] == []
+    for k in range(1, n):
+        top = c.prompt_top_logprobs[k]
+        assert len(top) == 4
+        values = [lp for _, _, lp in top]
+        assert values == sorted(values, reverse=True) and values[0] <= 0
+        assert c.prompt_greedy[k] == (top[0][0] == c.prompt_token_ids[k])
+        for token, text, lp in top:
+            assert text == model._model.token_bytes(token).decode("utf-8", "replace")
+            if token == c.prompt_token_ids[k]:
+                assert lp == pytest.approx(c.prompt_logprobs[k], abs=1e-4)
+        assert c.prompt_logprobs[k] <= values[0] + 1e-4
+    # The first generated token's alternatives, seen from the prompt's side: the same
+    # prompt with that token appended lists them at its last position.
+    longer = prompt + c.text[:len(model._model.token_bytes(c.token_ids[0]).decode("utf-8", "replace"))]
+    d = fastpar.generate_parallel(ctx, [longer], max_tokens=0, prompt_logprobs=True, top_logprobs=4)[0]
+    assert d.prompt_token_ids == c.prompt_token_ids + c.token_ids[:1]
+    assert [t for t, _, _ in d.prompt_top_logprobs[n]] == [t for t, _, _ in c.top_logprobs[0]]
 
 
 def test_rolling_windows_and_loglikelihood(model: fastpar.Model) -> None:

@@ -167,6 +167,54 @@ def test_logprobs(client):
     assert all(len(t) == 2 for t in lp.top_logprobs) and lp.text_offset[0] == 0
 
 
+def test_echo_with_logprobs_scores_the_prompt(client, aclient, model):
+    """echo + logprobs: the prompt's own tokens with their log-probabilities first (what
+    lm-eval's API models score with), then the generated ones; the numbers are
+    fastpar.loglikelihood's."""
+    prompt = "The capital of France is Paris, and the capital of Italy is"
+    ids = model.tokenize(prompt)
+    ctx = fastpar.Context(model, n_parallel=1, n_ctx_per_seq=128)
+    (want,) = fastpar.loglikelihood(ctx, [(ids[:1], ids[1:])])
+    c = client.completions.create(model="smol", prompt=prompt, max_tokens=0, echo=True, logprobs=2, temperature=0)
+    ch = c.choices[0]
+    lp = ch.logprobs
+    assert ch.text == prompt and ch.finish_reason == "length"
+    assert len(lp.tokens) == len(ids) and "".join(lp.tokens) == prompt
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert sum(lp.token_logprobs[1:]) == pytest.approx(want.logprob, abs=2e-3)
+    # lm-eval's greedy test: a token is greedy when its log-probability is its position's best.
+    greedy = all(abs(v - max(top.values())) < 1e-6 for v, top in zip(lp.token_logprobs[1:], lp.top_logprobs[1:]))
+    assert greedy == want.is_greedy
+    assert all(len(top) == 2 and max(top.values()) >= v - 1e-6
+               for v, top in zip(lp.token_logprobs[1:], lp.top_logprobs[1:]))
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:k]) for k in range(len(ids))]
+    assert c.usage.prompt_tokens == len(ids) and c.usage.completion_tokens == 0
+
+    # Generating as well: the prompt's part, then the new tokens; streamed, the same.
+    g = client.completions.create(model="smol", prompt=prompt, max_tokens=4, echo=True, logprobs=1, temperature=0,
+                                  extra_body={"ignore_eos": True})
+    glp = g.choices[0].logprobs
+    assert g.choices[0].text.startswith(prompt) and "".join(glp.tokens) == g.choices[0].text
+    assert len(glp.tokens) == len(ids) + 4
+    assert glp.token_logprobs[1:len(ids)] == pytest.approx(lp.token_logprobs[1:], abs=2e-3)
+    assert glp.token_logprobs[0] is None and all(v is not None for v in glp.token_logprobs[1:])
+
+    async def streamed():
+        async with aclient() as ac:
+            stream = await ac.completions.create(model="smol", prompt=prompt, max_tokens=4, echo=True, logprobs=1,
+                                                 temperature=0, stream=True, extra_body={"ignore_eos": True})
+            text, logprobs = "", None
+            async for chunk in stream:
+                for choice in chunk.choices:
+                    text += choice.text
+                    logprobs = choice.logprobs or logprobs
+            return text, logprobs
+
+    text, slp = asyncio.run(streamed())
+    assert text == g.choices[0].text and slp.tokens == glp.tokens
+    assert slp.token_logprobs[1:] == pytest.approx(glp.token_logprobs[1:], abs=1e-5)
+
+
 def test_response_format(client):
     schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 20},
                                                "age": {"type": "integer", "minimum": 0, "maximum": 120}},

@@ -129,6 +129,9 @@ struct Completion {
     std::vector<int32_t> prompt_token_ids;
     std::vector<float> prompt_logprobs;
     std::vector<uint8_t> prompt_greedy;
+    // With prompt_logprobs and top_logprobs = k: for each prompt_token_ids entry, the k most
+    // likely tokens there, most likely first (empty where prompt_logprobs is NaN).
+    std::vector<std::vector<TopLogprob>> prompt_top_logprobs;
     FinishReason finish_reason = FinishReason::Error;
     std::string error;                // empty unless finish_reason == Error
     int32_t n_prompt_tokens = 0;      // prompt tokens decoded for this prompt

@@ -211,6 +211,9 @@ void Scheduler::admit() {
                 c.prompt_token_ids.assign(tokens.begin(), tokens.end());
                 c.prompt_logprobs.assign(tokens.size(), std::numeric_limits<float>::quiet_NaN());
                 c.prompt_greedy.assign(tokens.size(), 0);
+                if (params.top_logprobs > 0) {
+                    c.prompt_top_logprobs.assign(tokens.size(), {});
+                }
                 c.t_queued_ms = c.t_total_ms = ms_since(request.t_submit);
                 request.on_done(std::move(c));
                 continue;
@@ -243,6 +246,9 @@ void Scheduler::admit() {
                 slot.completion.prompt_token_ids.assign(tokens.begin(), tokens.end());
                 slot.completion.prompt_logprobs.assign(tokens.size(), std::numeric_limits<float>::quiet_NaN());
                 slot.completion.prompt_greedy.assign(tokens.size(), 0);
+                if (params.top_logprobs > 0) {
+                    slot.completion.prompt_top_logprobs.assign(tokens.size(), {});
+                }
                 if (score_only) {
                     tokens.pop_back();  // its logits would predict nothing
                 }
@@ -516,6 +522,7 @@ void Scheduler::score(const std::vector<Slot *> & group) {
         size_t pos;  // of the scored token
         float logprob;
         bool greedy;
+        std::vector<std::pair<llama_token, float>> top;  // with top_logprobs
     };
     std::vector<Row> rows;
     for (Slot * s : group) {
@@ -526,7 +533,7 @@ void Scheduler::score(const std::vector<Slot *> & group) {
                 throw Error("llama.cpp returned no logits for a prompt token that asked for them");
             }
             const size_t pos = s->p_score + static_cast<size_t>(k) + 1;
-            rows.push_back(Row{logits, s->scored[pos], s, pos, 0.0f, false});
+            rows.push_back(Row{logits, s->scored[pos], s, pos, 0.0f, false, {}});
         }
     }
     if (rows.empty()) {
@@ -534,7 +541,14 @@ void Scheduler::score(const std::vector<Slot *> & group) {
     }
     const auto t0 = Clock::now();
     const int32_t n_vocab = model_.n_vocab();
-    const auto one = [&](size_t i) { score_token(rows[i].logits, n_vocab, rows[i].token, rows[i].logprob, rows[i].greedy); };
+    const auto one = [&](size_t i) {
+        Row & r = rows[i];
+        score_token(r.logits, n_vocab, r.token, r.logprob, r.greedy);
+        const int32_t k = r.slot->request.params->top_logprobs;
+        if (k > 0) {
+            top_logprobs(r.logits, n_vocab, k, r.top);
+        }
+    };
     if (pool_ != nullptr && rows.size() > 1) {
         pool_->run(rows.size(), one);
     } else {
@@ -545,6 +559,13 @@ void Scheduler::score(const std::vector<Slot *> & group) {
     for (const Row & r : rows) {
         r.slot->completion.prompt_logprobs[r.pos] = r.logprob;
         r.slot->completion.prompt_greedy[r.pos] = r.greedy ? 1 : 0;
+        if (!r.top.empty()) {
+            auto & entries = r.slot->completion.prompt_top_logprobs[r.pos];
+            entries.reserve(r.top.size());
+            for (const auto & [id, lp] : r.top) {
+                entries.push_back(TopLogprob{id, lp, utf8_sanitize(model_.token_piece(id))});
+            }
+        }
     }
     stats_.t_sample_ms += ms_since(t0);
 }

@@ -146,6 +146,18 @@ void register_generate(py::module_ & m) {
                                    }
                                    return out;
                                })
+        .def_property_readonly("prompt_top_logprobs",
+                               [](const Completion & c) {
+                                   py::list out;
+                                   for (const auto & position : c.prompt_top_logprobs) {
+                                       py::list entries;
+                                       for (const auto & e : position) {
+                                           entries.append(py::make_tuple(e.token, e.text, e.logprob));
+                                       }
+                                       out.append(std::move(entries));
+                                   }
+                                   return out;
+                               })
         .def_property_readonly("finish_reason", [](const Completion & c) { return finish_reason_name(c.finish_reason); })
         .def_property_readonly("error", [](const Completion & c) -> py::object {
             return c.finish_reason == FinishReason::Error ? py::object(py::str(c.error)) : py::object(py::none());
@@ -159,7 +171,7 @@ void register_generate(py::module_ & m) {
     def_record(completion, "Completion",
                {"finish_reason", "error", "n_prompt_tokens", "n_prompt_tokens_shared", "n_gen_tokens", "t_total_ms",
                 "text"},
-               {"text", "token_ids", "logprobs", "top_logprobs", "prompt_token_ids", "prompt_logprobs", "prompt_greedy", "finish_reason", "error", "n_prompt_tokens", "n_prompt_tokens_shared",
+               {"text", "token_ids", "logprobs", "top_logprobs", "prompt_token_ids", "prompt_logprobs", "prompt_greedy", "prompt_top_logprobs", "finish_reason", "error", "n_prompt_tokens", "n_prompt_tokens_shared",
                 "n_gen_tokens", "t_queued_ms", "t_first_token_ms", "t_total_ms"});
 
     auto stats = py::class_<Stats>(m, "Stats", "Statistics of one generate call.")

@@ -311,7 +311,7 @@ class SamplingParams:
     against it) and ``grammar`` (GBNF text every output matches); not both.
     ``prompt_logprobs``: each prompt token's log-probability given the tokens before it, in
     ``Completion.prompt_logprobs`` (None for the first token; ``prompt_token_ids`` and
-    ``prompt_greedy`` beside it).
+    ``prompt_greedy`` beside it; with ``top_logprobs`` also ``prompt_top_logprobs``).
 
     Raises ``TypeError`` for a wrong type and ``ValueError`` for a value out of range, here.
     """

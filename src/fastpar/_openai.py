@@ -197,7 +197,9 @@ def prompt_tokens(completions: List[Optional[_core.Completion]], n_prompts: int,
     for i in range(n_prompts):
         c = completions[i * n]
         if c is not None:
-            total += c.n_prompt_tokens + c.n_prompt_tokens_shared
+            # Scored with max_tokens 0, the prompt's last token is never decoded (its logits
+            # would predict nothing), yet it is part of the prompt.
+            total += max(c.n_prompt_tokens + c.n_prompt_tokens_shared, len(c.prompt_token_ids))
     return total
 
 
@@ -224,9 +226,23 @@ def _chat_logprobs(model_core: Any, c: _core.Completion, n_top: int, cache: Dict
 
 
 def _completion_logprobs(model_core: Any, c: _core.Completion, n_top: int, cache: Dict[int, bytes],
-                         offset: int = 0) -> Dict[str, Any]:
-    tokens, offsets, tops = [], [], []
-    pos = offset
+                         echo: bool = False) -> Dict[str, Any]:
+    """OpenAI's legacy `logprobs` object; with `echo` the prompt's tokens come first (the
+    first with null log-probability and alternatives, as nothing predicts it)."""
+    tokens, offsets, tops, values = [], [], [], []
+    pos = 0
+    if echo:
+        for k, token in enumerate(c.prompt_token_ids):
+            text = _token_text(model_core, token, cache).decode("utf-8", "replace")
+            tokens.append(text)
+            offsets.append(pos)
+            pos += len(text)
+            lp = c.prompt_logprobs[k]
+            values.append(lp)
+            alts = c.prompt_top_logprobs[k] if k < len(c.prompt_top_logprobs) else []
+            tops.append(None if lp is None else {_token_text(model_core, t, cache).decode("utf-8", "replace"): v
+                                                 for t, _text, v in alts})
+    values += list(c.logprobs)
     for k, token in enumerate(c.token_ids):
         text = _token_text(model_core, token, cache).decode("utf-8", "replace")
         tokens.append(text)
@@ -237,7 +253,7 @@ def _completion_logprobs(model_core: Any, c: _core.Completion, n_top: int, cache
                          for t, _text, lp in c.top_logprobs[k]})
         else:
             tops.append(None)
-    return {"tokens": tokens, "token_logprobs": list(c.logprobs), "top_logprobs": tops if n_top > 0 else None,
+    return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops if n_top > 0 else None,
             "text_offset": offsets}
 
 
@@ -296,7 +312,7 @@ def parse(body: Any, chat: bool, n_ctx_per_seq: int) -> Parsed:
     echo = False if chat else _get(body, "echo", (bool,), "a boolean", False)
     opts, n, n_top = _sampling(body, chat, n_ctx_per_seq)
     if echo and n_top >= 0:
-        raise _bad("echo", "'echo' with 'logprobs' (scoring the prompt) is not supported")
+        opts["prompt_logprobs"] = True  # the prompt's tokens get log-probabilities too
     model = body.get("model") if isinstance(body.get("model"), str) else None
     return Parsed(chat, prompts, opts, n, n_top, stream, include_usage, echo, model)
 
@@ -333,7 +349,7 @@ def response_body(req: Parsed, rid: str, created: int, model: str, completions: 
         else:
             prefix = req.prompts[k // req.n] if req.echo else ""
             choices.append({"index": k, "text": prefix + c.text,
-                            "logprobs": (_completion_logprobs(model_core, c, req.n_top, cache)
+                            "logprobs": (_completion_logprobs(model_core, c, req.n_top, cache, req.echo)
                                          if req.n_top >= 0 else None),
                             "finish_reason": FINISH[c.finish_reason]})
     return {"id": rid, "object": "chat.completion" if req.chat else "text_completion", "created": created,
@@ -345,4 +361,4 @@ def chunk_logprobs(req: Parsed, c: _core.Completion, model_core: Any, cache: Dic
     if req.n_top < 0:
         return None
     return (_chat_logprobs(model_core, c, req.n_top, cache) if req.chat
-            else _completion_logprobs(model_core, c, req.n_top, cache))
+            else _completion_logprobs(model_core, c, req.n_top, cache, req.echo))
