@@ -9,7 +9,7 @@ import json
 import pytest
 
 import fastpar
-from fastpar import _core, _testing
+from fastpar import _testing
 
 from test_structured_output import TICKET_SCHEMA, TICKETS, chat, params
 
@@ -68,6 +68,34 @@ def test_many_rows_on_one_schema_share_sets(model):
     # 32 rows start in one state and walk the same keys: each state is masked once.
     assert c["cached"] > c["whole"] > 0
     assert c["kept"] > 0
+
+
+def test_sets_last_across_calls(model):
+    """A context keeps its compiled constraints and their sets: the same seeded call again
+    walks the same states and masks none of them anew."""
+    ctx = fastpar.Context(model, n_parallel=16, n_ctx_per_seq=256)
+    prompts = [chat(f"Ticket #{i}: {TICKETS[i % len(TICKETS)]}. Answer as JSON.") for i in range(16)]
+    p = params(max_tokens=24, temperature=1.5, top_k=0, top_p=1.0, seed=3, json_schema=json.dumps(TICKET_SCHEMA))
+    first = ctx._ctx.generate(prompts, [p], None)
+    a = counts(ctx.last_stats)
+    second = ctx._ctx.generate(prompts, [p], None)
+    b = counts(ctx.last_stats)
+    assert [c.token_ids for c in second] == [c.token_ids for c in first]
+    assert a["whole"] > 0 and b["whole"] == 0
+    assert b["cached"] == a["cached"] + a["whole"] and b["kept"] == a["kept"]
+
+
+def test_more_grammars_than_a_context_keeps(model):
+    """Over kMaxCompiledGrammars distinct grammars in one call: the cache starts over while
+    rows still hold their copies, and every row keeps its own constraint."""
+    ctx = fastpar.Context(model, n_parallel=16, n_ctx_per_seq=64)
+    n = 300
+    out = fastpar.generate_parallel(ctx, ["Say something."] * n,
+                                    [fastpar.SamplingParams(max_tokens=8, grammar=f'root ::= "w{i}z"') for i in range(n)])
+    assert [c.text for c in out] == [f"w{i}z" for i in range(n)]
+    again = fastpar.generate_parallel(ctx, ["Say something."] * 3,
+                                      [fastpar.SamplingParams(max_tokens=8, grammar=f'root ::= "w{i}z"') for i in (0, 150, 299)])
+    assert [c.text for c in again] == ["w0z", "w150z", "w299z"]
 
 
 GRAMMARS = {

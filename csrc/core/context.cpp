@@ -229,6 +229,10 @@ void Context::with_scheduler(Stats & stats, const StepPolicy & policy, const std
     options.pool = pool_.get();
     options.device = device_.reducer ? &device_ : nullptr;
     options.threads = governor_.get();
+    if (!grammars_) {
+        grammars_ = std::make_unique<GrammarCache>(model_->vocab());
+    }
+    options.grammars = grammars_.get();
     Scheduler scheduler(*model_, ctx_, batch_, options, stats);
     try {
         body(scheduler);

@@ -96,6 +96,8 @@ private:
     StepPolicy policy_;
     std::unique_ptr<TaskPool> pool_;
     std::unique_ptr<ThreadGovernor> governor_;
+    // Compiled json_schema/grammar constraints and their allowed-token sets, across calls.
+    std::unique_ptr<GrammarCache> grammars_;
     // Device sampling's reducer and which slots have it attached, kept across calls;
     // ~Context detaches them before it frees ctx_.
     DeviceSampling device_;

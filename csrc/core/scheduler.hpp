@@ -80,6 +80,9 @@ struct SchedulerOptions {
     // Adapts llama.cpp's thread count to the CPUs this process gets (kept by the context);
     // may be null.
     ThreadGovernor * threads = nullptr;
+    // Compiled constraints and their allowed-token sets (kept by the context, so that later
+    // calls with the same schema start warm); null: the scheduler keeps its own.
+    GrammarCache * grammars = nullptr;
 };
 
 class Scheduler {
@@ -131,7 +134,8 @@ private:
     DeviceSampling * device_;
     StepPolicy policy_;
     TokenChooser chooser_;
-    GrammarCache grammars_;  // json_schema and grammar constraints, compiled once each
+    std::unique_ptr<GrammarCache> own_grammars_;  // when options.grammars is null
+    GrammarCache & grammars_;  // json_schema and grammar constraints, compiled once each
     PrefixSharing sharing_;  // for no slot unless policy_.share_prefixes or share_samples
     std::vector<SharingSlot> sharing_slots_;  // reused each step
     std::vector<SlotState> plan_slots_;       // reused each step

@@ -612,8 +612,11 @@ GrammarPtr GrammarCache::make(const GenerateParams & params) {
     const std::string text = constraint_grammar(params);
     auto it = entries_.find(text);
     if (it == entries_.end()) {
+        if (entries_.size() >= kMaxCompiledGrammars) {
+            entries_.clear();
+        }
         Entry e;
-        e.id = static_cast<uint32_t>(entries_.size());
+        e.id = next_id_++;
         // llama.cpp reports parse errors on stderr and returns null; it aborts on nothing here.
         if (!text.empty()) {
             e.compiled.reset(llama_grammar_init_impl(vocab_, text.c_str(), "root", false, nullptr, 0, nullptr, 0));

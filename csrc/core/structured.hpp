@@ -68,8 +68,14 @@ private:
     };
     const llama_vocab * vocab_;
     std::unordered_map<std::string, Entry> entries_;
+    uint32_t next_id_ = 0;  // ids are never reused: AllowedSets may still hold an old one's sets
     std::shared_ptr<AllowedSets> sets_;
 };
+
+// Distinct grammars one GrammarCache keeps compiled; one more clears them all (rows keep
+// their copies). A context keeps its cache across calls, so this bounds a long-lived
+// context that sees ever new schemas.
+constexpr size_t kMaxCompiledGrammars = 256;
 
 // Bytes of allowed-token sets one GrammarCache keeps at most (docs/internals.md).
 constexpr size_t kAllowedSetsBudget = size_t{64} << 20;
