@@ -11,9 +11,12 @@
 #         the normal wheels: nothing of it runs sanitized code).
 #   tsan  ThreadSanitizer; without pytest arguments, the engine, thread and cleanup tests.
 #
-# Every sanitizer report goes to a file under build/sanitize-<kind>/reports/ (so reports of
-# child processes whose output a test captures are counted too); the script prints how
-# many there were and fails when pytest failed or any report was written.
+# Every ASan and TSan report goes to a file under build/sanitize-<kind>/reports/ (so reports
+# of child processes whose output a test captures are counted too). UBSan's own runtime
+# (gcc links it apart from ASan's) ignores log_path and writes to stderr, so each UBSan
+# report aborts its process instead: a death the test that started it sees, or pytest's own.
+# Reports in pytest's output (build/sanitize-<kind>/pytest.log) are counted as well. The
+# script prints how many there were and fails when pytest failed or any report was written.
 # FASTPAR_SANITIZE_VENV chooses the environment's folder; CMAKE_ARGS passes through (ccache).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -68,7 +71,7 @@ export LD_PRELOAD="$runtime_path:$libstdcxx${LD_PRELOAD:+:$LD_PRELOAD}"
 # allocator_may_return_null=1: an impossible allocation throws std::bad_alloc, as without
 # ASan (tests ask for contexts too large on purpose), instead of ASan aborting.
 export ASAN_OPTIONS="$common:detect_leaks=0:allocator_may_return_null=1:detect_stack_use_after_return=1:strict_init_order=1"
-export UBSAN_OPTIONS="$common:halt_on_error=1:suppressions=$root/scripts/sanitize/ubsan.supp"
+export UBSAN_OPTIONS="$common:halt_on_error=1:abort_on_error=1:suppressions=$root/scripts/sanitize/ubsan.supp"
 export TSAN_OPTIONS="$common:halt_on_error=0:second_deadlock_stack=1:suppressions=$root/scripts/sanitize/tsan.supp"
 
 # Instrumented kernels are several times slower; on a machine shared with other work,
@@ -77,8 +80,8 @@ export TSAN_OPTIONS="$common:halt_on_error=0:second_deadlock_stack=1:suppression
 export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-passive}"
 
 set +e
-python -m pytest -p no:cacheprovider --basetemp="$work/tmp" "${tests[@]}"
-status=$?
+python -m pytest -p no:cacheprovider --basetemp="$work/tmp" "${tests[@]}" 2>&1 | tee "$work/pytest.log"
+status=${PIPESTATUS[0]}
 set -e
 unset LD_PRELOAD
 end=$(date +%s)
@@ -93,5 +96,12 @@ for f in "$reports"/report*; do
   echo "---- $f"
   cat "$f"
 done
+pattern="==[0-9]+==ERROR: |WARNING: ThreadSanitizer|: runtime error: |Sanitizer: CHECK failed"
+n=$(grep -c -E "$pattern" "$work/pytest.log" || true)
+if [ "$n" -gt 0 ]; then
+  echo "---- in pytest's output:"
+  grep -E "$pattern" "$work/pytest.log"
+fi
+count=$((count + n))
 echo "== sanitize.sh: $kind ($sanitizers): pytest exit $status, $count sanitizer report(s), tests took $((end - built)) s"
 [ "$status" -eq 0 ] && [ "$count" -eq 0 ]
