@@ -32,13 +32,12 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.request
 
 import fastpar
 
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-import run as bench_run  # noqa: E402  (build_baselines, make_prompts, Target, physical_batch)
+import run as bench_run  # noqa: E402  (build_baselines, make_prompts, Target, physical_batch, wait_healthy)
 
 try:
     import openai
@@ -57,26 +56,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_healthy(port: int, proc: subprocess.Popen, what: str) -> None:
-    deadline = time.time() + 300
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{what} exited with status {proc.returncode}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.2)
-    raise RuntimeError(f"{what} did not become healthy in 300 s")
-
-
 class Proc:
     def __init__(self, name: str, cmd: list) -> None:
         self.name, self.port = name, free_port()
         self.proc = subprocess.Popen(cmd + ["--port", str(self.port)], stdout=subprocess.DEVNULL,
                                      stderr=subprocess.DEVNULL)
-        wait_healthy(self.port, self.proc, name)
+        bench_run.wait_healthy(self.port, self.proc, name)
         self.url = f"http://127.0.0.1:{self.port}/v1"
 
     def close(self) -> None:

@@ -298,6 +298,22 @@ def stage3(models, w, sampler, threads, prompts):
     return counted(walls, dict(n_prompt_tokens=n_prompt, n_gen_tokens=n_gen))
 
 
+def wait_healthy(port: int, proc: subprocess.Popen, what: str, timeout_s: float = 300) -> None:
+    """Until the server on `port` answers /health with 200; RuntimeError if it exits first
+    or takes longer than timeout_s."""
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with status {proc.returncode}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.2)
+    raise RuntimeError(f"{what} did not become healthy in {timeout_s:.0f} s")
+
+
 class Server:
     """llama-server on a free loopback port, for one model and slot count."""
 
@@ -311,16 +327,11 @@ class Server:
              "--host", "127.0.0.1", "--port", str(self.port), "-b", ub, "-ub", ub,
              "--no-webui", *(["-ngl", "999"] if Target.gpu else [])],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.time() + 120
-        while time.time() < deadline:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=1) as r:
-                    if r.status == 200:
-                        return
-            except OSError:
-                time.sleep(0.2)
-        self.close()
-        raise RuntimeError("llama-server did not become healthy in 120 s")
+        try:
+            wait_healthy(self.port, self.proc, "llama-server", 120)
+        except RuntimeError:
+            self.close()
+            raise
 
     def complete(self, prompt, n_predict, sampler):
         s = SAMPLERS[sampler]

@@ -13,21 +13,7 @@ import pytest
 import fastpar
 from fastpar import _core, _testing
 
-# The 5-field extraction schema of the benchmark (bench/bench_structured.py).
-TICKET_SCHEMA = {
-    "type": "object",
-    "properties": {
-        "category": {"type": "string", "enum": ["bug", "feature", "question"]},
-        "priority": {"type": "integer", "minimum": 1, "maximum": 5},
-        "summary": {"type": "string", "maxLength": 40},
-        "urgent": {"type": "boolean"},
-        "tags": {"type": "array", "items": {"type": "string", "maxLength": 12}, "maxItems": 3},
-    },
-    "required": ["category", "priority", "summary", "urgent", "tags"],
-}
-TICKETS = ["the app crashes when I click save", "please add a dark mode", "how do I export my data?",
-           "login fails with a 500 error", "the search is slow on large folders", "can I share a board?",
-           "typo on the pricing page", "support for two-factor sign-in"]
+from extraction_task import TICKET_SCHEMA, TICKETS  # shared with bench/bench_structured.py
 
 
 def params(**kw) -> _core.GenerateParams:
