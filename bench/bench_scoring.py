@@ -1,14 +1,15 @@
 """Scoring speed: perplexity against llama-perplexity, and a multiple-choice task through
-lm-evaluation-harness (fastpar.lm_eval.FastparLM, prefix sharing on and off; and lm-eval's
-`local-completions` model against llama-server), on one machine, in one run.
+lm-evaluation-harness (fastpar.lm_eval.FastparLM, prefix sharing on and off), through
+fastpar.loglikelihood directly, through llama.cpp's own 4-choice scorer (llama-perplexity
+--hellaswag on the same questions) and lm-eval's `local-completions` model against
+llama-server, on one machine, in one run.
 
     python bench/bench_scoring.py --out bench/results/cpu-x86_64-2core-scoring.md
     python bench/bench_scoring.py --gpu --model speed.gguf --out ...   # CUDA build, every layer on the GPU
 
-The perplexity text is the pinned llama.cpp's own documentation (vendor/llama.cpp/docs,
-every .md file in sorted order, concatenated until the text holds --min-tokens tokens): real
-prose and code, the same bytes wherever the vendored copy is the pinned one (wikitext cannot
-be downloaded here). The multiple-choice task is generated: --questions arithmetic
+The perplexity text is the pinned llama.cpp's own Markdown (every .md file of
+vendor/llama.cpp in sorted order, concatenated until the text holds --min-tokens tokens):
+real prose and code, the same bytes wherever the vendored copy is the pinned one. The multiple-choice task is generated: --questions arithmetic
 questions behind one shared instruction, four numeric choices each, seeded.
 """
 
@@ -20,7 +21,6 @@ import os
 import pathlib
 import random
 import re
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -36,13 +36,15 @@ from llama_tools import llama_tool  # noqa: E402
 
 def ppl_text(model: fastpar.Model, min_tokens: int) -> tuple:
     parts, n = [], 0
-    for f in sorted((ROOT / "vendor" / "llama.cpp" / "docs").rglob("*.md")):
+    for f in sorted((ROOT / "vendor" / "llama.cpp").rglob("*.md")):
         t = f.read_text(encoding="utf-8", errors="replace")
         parts.append(t)
         n += len(model._model.tokenize(t, False, False))
         if n >= min_tokens:
             break
     text = "\n\n".join(parts)
+    if n < min_tokens:
+        raise SystemExit(f"the vendored Markdown holds {n} tokens, fewer than --min-tokens {min_tokens}")
     return text, len(model._model.tokenize(text, False, True)), len(parts)
 
 
@@ -55,7 +57,20 @@ def run_llama_perplexity(model_path: str, text_file: str, n_ctx: int, threads: i
     return {"ppl": float(re.search(r"Final estimate: PPL = ([0-9.]+)", log).group(1)), "s": wall}
 
 
+INSTRUCTION = ("The following are questions about arithmetic. Each one has one right answer among four "
+               "numbers.")
+
+
+def mc_context(a: int, b: int) -> str:
+    # One line: llama-perplexity's task file is line-based.
+    return f"{INSTRUCTION} Question: What is {a} plus {b}? Answer:"
+
+
 def mc_task(folder: pathlib.Path, n: int) -> str:
+    """The task as lm-eval YAML + JSONL, as (context, continuations, gold) tuples in
+    folder/mc.json, and in llama-perplexity's --hellaswag layout (6 lines a question:
+    context, gold index, 4 endings) in folder/mc.hellaswag.txt. Both join context and
+    continuation with one space."""
     rng = random.Random(1234)
     docs = []
     for _ in range(n):
@@ -66,6 +81,10 @@ def mc_task(folder: pathlib.Path, n: int) -> str:
         rng.shuffle(choices)
         docs.append({"a": a, "b": b, "choices": [str(c) for c in choices], "answer": choices.index(right)})
     (folder / "mc.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
+    (folder / "mc.hellaswag.txt").write_text("".join(
+        f"{mc_context(d['a'], d['b'])}\n{d['answer']}\n" + "".join(c + "\n" for c in d["choices"]) for d in docs))
+    (folder / "mc.json").write_text(json.dumps(
+        [[mc_context(d["a"], d["b"]), [" " + c for c in d["choices"]], d["answer"]] for d in docs]))
     (folder / "bench_mc.yaml").write_text(f"""task: bench_mc
 dataset_path: json
 dataset_kwargs:
@@ -73,7 +92,7 @@ dataset_kwargs:
     test: {folder / 'mc.jsonl'}
 test_split: test
 output_type: multiple_choice
-doc_to_text: "The following are questions about arithmetic. Each one has one right answer among four numbers.\\n\\nQuestion: What is {{{{a}}}} plus {{{{b}}}}?\\nAnswer:"
+doc_to_text: "{INSTRUCTION} Question: What is {{{{a}}}} plus {{{{b}}}}? Answer:"
 doc_to_choice: "{{{{choices}}}}"
 doc_to_target: "{{{{answer}}}}"
 metric_list:
@@ -96,6 +115,33 @@ def run_fastparlm(model: fastpar.Model, folder: str, threads: int, share: bool, 
     out = lm_eval.simple_evaluate(model=lm, tasks=["bench_mc"], task_manager=TaskManager(include_path=folder),
                                   bootstrap_iters=0, verbosity="ERROR")
     return {"wall_s": time.perf_counter() - t0, "acc": out["results"]["bench_mc"]["acc,none"]}
+
+
+def run_direct(model: fastpar.Model, folder: str, threads: int, n_parallel: int) -> dict:
+    """The same pairs through fastpar.loglikelihood, without lm-eval around it."""
+    tasks = json.loads((pathlib.Path(folder) / "mc.json").read_text())
+    pairs = [(ctx_text, cont) for ctx_text, conts, _ in tasks for cont in conts]
+    t0 = time.perf_counter()
+    ctx = fastpar.Context(model, n_parallel=n_parallel, n_ctx_per_seq=256, n_threads=threads)
+    scores = fastpar.loglikelihood(ctx, pairs)
+    wall = time.perf_counter() - t0
+    right = sum(max(range(len(conts)), key=lambda j, i=i: scores[4 * i + j].logprob) == gold
+                for i, (_, conts, gold) in enumerate(tasks))
+    return {"wall_s": wall, "acc": right / len(tasks)}
+
+
+def run_llama_mc(model_path: str, folder: str, threads: int, ngl: int, n_questions: int) -> dict:
+    """llama.cpp's own multiple-choice scorer on the same questions: llama-perplexity
+    --hellaswag (32 questions a batch, each context decoded once for its 4 endings; it
+    reports acc_norm, the log-likelihood per ending token). Its best settings here: 128
+    sequences of 256 positions, a 2048-token batch. Process wall time, model load included."""
+    t0 = time.perf_counter()
+    out = subprocess.run([llama_tool("llama-perplexity"), "-m", model_path, "-f", str(pathlib.Path(folder) / "mc.hellaswag.txt"),
+                          "--hellaswag", "--hellaswag-tasks", str(n_questions), "-np", "128", "-c", "256", "-b", "2048",
+                          "-t", str(threads), "-ngl", str(ngl)], capture_output=True, text=True, check=True)
+    wall = time.perf_counter() - t0
+    rows = re.findall(rf"^{n_questions}\t([0-9.]+)", out.stdout + out.stderr, re.M)
+    return {"wall_s": wall, "acc_norm": float(rows[-1]) / 100 if rows else float("nan")}
 
 
 def run_server(model_path: str, folder: str, threads: int, ngl: int, n_parallel: int) -> dict:
@@ -141,7 +187,7 @@ def main() -> None:
     ap.add_argument("--questions", type=int, default=500)
     ap.add_argument("--n-parallel", type=int, default=16)
     ap.add_argument("--gpu", action="store_true", help="every layer on the GPU (a CUDA build)")
-    ap.add_argument("--skip", default="", help="comma-separated stages to skip: ppl,mc,server")
+    ap.add_argument("--skip", default="", help="comma-separated stages to skip: ppl,mc,llama,server")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     skip = set(filter(None, args.skip.split(",")))
@@ -167,10 +213,10 @@ def main() -> None:
                          f"PPL {ours.perplexity:.4f} +/- {ours.std_error:.5f}"))
             rows.append(("perplexity, llama-perplexity (same threads)", f"{base['s']:.1f} s",
                          f"{n_eval / base['s']:.0f} tok/s", f"PPL {base['ppl']:.4f}"))
-            notes.append(f"perplexity text: {n_files} files of vendor/llama.cpp/docs, {n_tokens} tokens, "
+            notes.append(f"perplexity text: {n_files} Markdown files of vendor/llama.cpp, {n_tokens} tokens, "
                          f"{ours.n_chunks} chunks of n_ctx={args.n_ctx}; fastpar/llama-perplexity tokens/s ratio "
                          f"{base['s'] / t_ours:.2f}x")
-        if "mc" not in skip or "server" not in skip:
+        if not {"mc", "llama", "server"} <= skip:
             folder = mc_task(tmp, args.questions)
         if "mc" not in skip:
             on = run_fastparlm(model, folder, args.threads, True, args.n_parallel)
@@ -178,10 +224,22 @@ def main() -> None:
             rows.append((f"{args.questions} x 4-choice task, FastparLM", f"{on['wall_s']:.1f} s", "", f"acc {on['acc']:.3f}"))
             rows.append((f"{args.questions} x 4-choice task, FastparLM, share_prefixes=False", f"{off['wall_s']:.1f} s",
                          "", f"acc {off['acc']:.3f}"))
+            direct = run_direct(model, folder, args.threads, args.n_parallel)
+            rows.append((f"{args.questions} x 4-choice task, fastpar.loglikelihood (no lm-eval)",
+                         f"{direct['wall_s']:.1f} s", "", f"acc {direct['acc']:.3f}"))
+        if "llama" not in skip:
+            raw = run_llama_mc(model_path, folder, args.threads, ngl, args.questions)
+            rows.append((f"{args.questions} x 4-choice task, llama-perplexity --hellaswag (model load included)",
+                         f"{raw['wall_s']:.1f} s", "", f"acc_norm {raw['acc_norm']:.3f}"))
         if "server" not in skip:
             srv = run_server(model_path, folder, args.threads, ngl, args.n_parallel)
             rows.append((f"{args.questions} x 4-choice task, lm-eval local-completions + llama-server",
                          f"{srv['wall_s']:.1f} s", "", srv.get("error") or f"acc {srv['acc']:.3f}"))
+    if "server" not in skip:
+        notes.append("lm-eval's API models (local-completions, gguf) score a continuation by sending context and "
+                     "continuation with `echo: true` and reading the prompt's log-probabilities, and need a "
+                     "Hugging Face tokenizer to find where the continuation starts; the vendored llama-server "
+                     "refuses `echo` (\"Only no echo is supported\"), so that row records the error it met first")
     lines = ["| what | wall | rate | result |", "|---|---|---|---|"]
     lines += [f"| {' | '.join(r)} |" for r in rows]
     report = "\n".join(lines + [""] + [f"* {n}" for n in notes])
