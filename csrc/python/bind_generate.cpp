@@ -59,6 +59,19 @@ std::vector<Completion> generate(Context & ctx, const std::vector<PromptIn> & pr
     }
 }
 
+// Per position, the k most likely tokens as (token_id, text, logprob) tuples.
+py::list top_list(const std::vector<std::vector<TopLogprob>> & positions) {
+    py::list out;
+    for (const auto & position : positions) {
+        py::list entries;
+        for (const auto & e : position) {
+            entries.append(py::make_tuple(e.token, e.text, e.logprob));
+        }
+        out.append(std::move(entries));
+    }
+    return out;
+}
+
 }  // namespace
 
 Prompt to_prompt(const PromptIn & in) {
@@ -117,17 +130,7 @@ void register_generate(py::module_ & m) {
         .def_readonly("token_ids", &Completion::token_ids)
         .def_readonly("logprobs", &Completion::logprobs)
         .def_property_readonly("top_logprobs",
-                               [](const Completion & c) {
-                                   py::list out;
-                                   for (const auto & position : c.top_logprobs) {
-                                       py::list entries;
-                                       for (const auto & e : position) {
-                                           entries.append(py::make_tuple(e.token, e.text, e.logprob));
-                                       }
-                                       out.append(std::move(entries));
-                                   }
-                                   return out;
-                               })
+                               [](const Completion & c) { return top_list(c.top_logprobs); })
         .def_readonly("prompt_token_ids", &Completion::prompt_token_ids)
         .def_property_readonly("prompt_logprobs",
                                [](const Completion & c) -> py::object {
@@ -147,17 +150,7 @@ void register_generate(py::module_ & m) {
                                    return out;
                                })
         .def_property_readonly("prompt_top_logprobs",
-                               [](const Completion & c) {
-                                   py::list out;
-                                   for (const auto & position : c.prompt_top_logprobs) {
-                                       py::list entries;
-                                       for (const auto & e : position) {
-                                           entries.append(py::make_tuple(e.token, e.text, e.logprob));
-                                       }
-                                       out.append(std::move(entries));
-                                   }
-                                   return out;
-                               })
+                               [](const Completion & c) { return top_list(c.prompt_top_logprobs); })
         .def_property_readonly("finish_reason", [](const Completion & c) { return finish_reason_name(c.finish_reason); })
         .def_property_readonly("error", [](const Completion & c) -> py::object {
             return c.finish_reason == FinishReason::Error ? py::object(py::str(c.error)) : py::object(py::none());
