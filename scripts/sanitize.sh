@@ -70,7 +70,7 @@ export LD_PRELOAD="$runtime_path:$libstdcxx${LD_PRELOAD:+:$LD_PRELOAD}"
 # detect_leaks=0: CPython does not free everything at exit, which LeakSanitizer would report.
 # allocator_may_return_null=1: an impossible allocation throws std::bad_alloc, as without
 # ASan (tests ask for contexts too large on purpose), instead of ASan aborting.
-export ASAN_OPTIONS="$common:detect_leaks=0:allocator_may_return_null=1:detect_stack_use_after_return=1:strict_init_order=1"
+export ASAN_OPTIONS="$common:detect_leaks=0:allocator_may_return_null=1:detect_stack_use_after_return=1:strict_init_order=1:suppressions=$root/scripts/sanitize/asan.supp"
 export UBSAN_OPTIONS="$common:halt_on_error=1:abort_on_error=1:suppressions=$root/scripts/sanitize/ubsan.supp"
 export TSAN_OPTIONS="$common:halt_on_error=0:second_deadlock_stack=1:suppressions=$root/scripts/sanitize/tsan.supp"
 
