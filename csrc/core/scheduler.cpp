@@ -69,8 +69,7 @@ Scheduler::Scheduler(const Model & model, llama_context * ctx, llama_batch & bat
     : model_(model), ctx_(ctx), threads_(options.threads), mem_(llama_get_memory(ctx)), batch_(batch), n_batch_(options.n_batch),
       n_ctx_seq_(options.n_ctx_seq), stats_(stats), pool_(options.pool), device_(options.device),
       policy_(options.policy), chooser_(options.pool, options.policy.split_rows),
-      own_grammars_(options.grammars == nullptr ? std::make_unique<GrammarCache>(model.vocab()) : nullptr),
-      grammars_(options.grammars != nullptr ? *options.grammars : *own_grammars_),
+      grammars_(*options.grammars),
       sharing_(options.policy.share_prefixes || options.policy.share_samples ? static_cast<size_t>(options.n_parallel)
                                                                               : 0) {
     const auto n_parallel = static_cast<size_t>(options.n_parallel);

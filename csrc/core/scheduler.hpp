@@ -81,7 +81,7 @@ struct SchedulerOptions {
     // may be null.
     ThreadGovernor * threads = nullptr;
     // Compiled constraints and their allowed-token sets (kept by the context, so that later
-    // calls with the same schema start warm); null: the scheduler keeps its own.
+    // calls with the same schema start warm); required.
     GrammarCache * grammars = nullptr;
 };
 
@@ -134,7 +134,6 @@ private:
     DeviceSampling * device_;
     StepPolicy policy_;
     TokenChooser chooser_;
-    std::unique_ptr<GrammarCache> own_grammars_;  // when options.grammars is null
     GrammarCache & grammars_;  // json_schema and grammar constraints, compiled once each
     PrefixSharing sharing_;  // for no slot unless policy_.share_prefixes or share_samples
     std::vector<SharingSlot> sharing_slots_;  // reused each step
