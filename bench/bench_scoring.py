@@ -9,8 +9,9 @@ llama-server, on one machine, in one run.
 
 The perplexity text is the pinned llama.cpp's own Markdown (every .md file of
 vendor/llama.cpp in sorted order, concatenated until the text holds --min-tokens tokens):
-real prose and code, the same bytes wherever the vendored copy is the pinned one. The multiple-choice task is generated: --questions arithmetic
-questions behind one shared instruction, four numeric choices each, seeded.
+real prose and code, the same bytes wherever the vendored copy is the pinned one. The
+multiple-choice task is generated: --questions arithmetic questions behind one shared
+instruction, four numeric choices each, seeded.
 """
 
 from __future__ import annotations
@@ -125,8 +126,10 @@ def run_direct(model: fastpar.Model, folder: str, threads: int, n_parallel: int)
     ctx = fastpar.Context(model, n_parallel=n_parallel, n_ctx_per_seq=256, n_threads=threads)
     scores = fastpar.loglikelihood(ctx, pairs)
     wall = time.perf_counter() - t0
-    right = sum(max(range(len(conts)), key=lambda j, i=i: scores[4 * i + j].logprob) == gold
-                for i, (_, conts, gold) in enumerate(tasks))
+    right, k = 0, 0
+    for _, conts, gold in tasks:
+        right += max(range(len(conts)), key=lambda j, k=k: scores[k + j].logprob) == gold
+        k += len(conts)
     return {"wall_s": wall, "acc": right / len(tasks)}
 
 
