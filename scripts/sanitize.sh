@@ -78,6 +78,9 @@ export TSAN_OPTIONS="$common:halt_on_error=0:second_deadlock_stack=1:suppression
 # OpenMP's default of spinning at every barrier then spent most of the run waiting for a
 # descheduled thread (90% of samples in libgomp). The run is about memory and UB, not speed.
 export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-passive}"
+# The tests stretch their latency bounds, and skip resident-memory bounds under ASan
+# (tests/conftest.py).
+export FASTPAR_TEST_SANITIZER="$kind"
 
 set +e
 python -m pytest -p no:cacheprovider --basetemp="$work/tmp" "${tests[@]}" 2>&1 | tee "$work/pytest.log"

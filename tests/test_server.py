@@ -18,7 +18,7 @@ import time
 import pytest
 
 import fastpar
-from conftest import N_GPU_LAYERS, ON_GPU
+from conftest import N_GPU_LAYERS, ON_GPU, SANITIZER, SLOWDOWN
 
 # The test extra brings these (pyproject.toml); a missing one is an error, never a skip.
 import httpx  # noqa: E402
@@ -419,8 +419,10 @@ def test_many_streams_with_clients_leaving(model, tmp_path):
         # other processes load, the operating system alone holds a process back for longer
         # now and then (an idle server answered in up to 0.17 s on one): none beyond 1 s.
         assert len(health_times) > 20, len(health_times)
-        assert health_times[int(0.99 * len(health_times))] < 0.1 and health_times[-1] < 1.0, health_times[-10:]
-        assert rss2 < rss1 * 1.05, (rss1, rss2)
+        p99, worst = health_times[int(0.99 * len(health_times))], health_times[-1]
+        assert p99 < 0.1 * SLOWDOWN and worst < 1.0 * SLOWDOWN, health_times[-10:]
+        if SANITIZER != "asan":
+            assert rss2 < rss1 * 1.05, (rss1, rss2)
         m = httpx.get(base + "/metrics").text
         assert 'outcome="client_disconnect"' in m
 
