@@ -9,8 +9,11 @@
  *  - No C++ exception ever crosses this boundary.
  *  - Every call checks its handles against those this library made and has not freed: a
  *    freed or foreign handle gives FASTPAR_ERR_INVALID_ARGUMENT, and freeing one twice does
- *    nothing but set fastpar_last_error(). (Freeing a handle while another thread is inside
- *    a call with it is still an error of the caller.) Pointers to caller memory (prompts,
+ *    nothing but set fastpar_last_error(). A handle of one kind never passes for another (a
+ *    context given as a model), even where the allocator put the new one at a freed one's
+ *    address; a freed handle whose address a new handle of the same kind took is that new
+ *    handle. (Freeing a handle while another thread is inside a call with it is still an
+ *    error of the caller.) Pointers to caller memory (prompts,
  *    stop strings) must point to as many valid entries as their counts say.
  *
  * Thread safety: a model may be shared by several contexts used from several threads;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -44,37 +45,48 @@ fastpar_status fail(fastpar_status status, const std::string & message) {
     return status;
 }
 
-// The handles this library made and has not freed (for a results array: its length). Every
-// call checks its handle here first, so a freed, foreign or garbage pointer is an error
-// status, and a second free does nothing, instead of a use after free. (Freeing a handle
-// while another thread is inside a call with it remains the caller's error.)
+// The handles this library made and has not freed, each with its kind (for a results
+// array, also its length). Every call checks its handle here first, so a freed, foreign or
+// garbage pointer is an error status, and a second free does nothing, instead of a use
+// after free. The kind matters: the allocator may give a freed model's address to a new
+// context or results array, and that must not pass for a model. (A freed handle whose
+// address a new handle of the same kind took is that new handle; and freeing a handle while
+// another thread is inside a call with it remains the caller's error.)
+enum class Kind : uint8_t { Model, Context, Results };
+
 class Live {
 public:
-    void add(const void * p, int32_t n = 0) {
+    void add(const void * p, Kind kind, int32_t n = 0) {
         std::lock_guard<std::mutex> lock(mu_);
-        live_[p] = n;
+        live_[p] = Handle{kind, n};
     }
-    bool has(const void * p) const {
-        std::lock_guard<std::mutex> lock(mu_);
-        return live_.count(p) != 0;
-    }
-    // Removes `p`; false if it was not live. `n` receives a results array's length.
-    bool remove(const void * p, int32_t * n = nullptr) {
+    bool has(const void * p, Kind kind) const {
         std::lock_guard<std::mutex> lock(mu_);
         const auto it = live_.find(p);
-        if (it == live_.end()) {
+        return it != live_.end() && it->second.kind == kind;
+    }
+    // Removes `p` if it is a live handle of that kind; false otherwise. `n` receives a
+    // results array's length.
+    bool remove(const void * p, Kind kind, int32_t * n = nullptr) {
+        std::lock_guard<std::mutex> lock(mu_);
+        const auto it = live_.find(p);
+        if (it == live_.end() || it->second.kind != kind) {
             return false;
         }
         if (n != nullptr) {
-            *n = it->second;
+            *n = it->second.n;
         }
         live_.erase(it);
         return true;
     }
 
 private:
+    struct Handle {
+        Kind kind;
+        int32_t n;
+    };
     mutable std::mutex mu_;
-    std::unordered_map<const void *, int32_t> live_;
+    std::unordered_map<const void *, Handle> live_;
 };
 
 Live & live() {
@@ -238,7 +250,7 @@ fastpar_completion * to_c(const std::vector<fastpar::Completion> & out) {
             r.finish_reason = static_cast<fastpar_finish_reason>(c.finish_reason);
             r.error = c.finish_reason == fastpar::FinishReason::Error ? dup_string(c.error) : nullptr;
         }
-        live().add(results, static_cast<int32_t>(out.size()));
+        live().add(results, Kind::Results, static_cast<int32_t>(out.size()));
     } catch (...) {
         free_results(results, static_cast<int32_t>(out.size()));
         throw;
@@ -323,7 +335,7 @@ fastpar_status fastpar_model_load(const char * path, fastpar_model_params params
         mp.use_mmap = params.use_mmap;
         auto handle = std::make_unique<fastpar_model>();
         handle->model = std::make_shared<fastpar::Model>(path, mp);
-        live().add(handle.get());
+        live().add(handle.get(), Kind::Model);
         *model_out = handle.release();
         return FASTPAR_OK;
     });
@@ -331,7 +343,7 @@ fastpar_status fastpar_model_load(const char * path, fastpar_model_params params
 
 void fastpar_model_free(fastpar_model * model) {
     t_last_error.clear();
-    if (model != nullptr && !live().remove(model)) {
+    if (model != nullptr && !live().remove(model, Kind::Model)) {
         not_live("fastpar_model_free: model");
         return;
     }
@@ -344,7 +356,7 @@ fastpar_status fastpar_context_new(fastpar_model * model, fastpar_context_params
         if (model == nullptr || ctx_out == nullptr) {
             return fail(FASTPAR_ERR_INVALID_ARGUMENT, "model and ctx_out must not be NULL");
         }
-        if (!live().has(model)) {
+        if (!live().has(model, Kind::Model)) {
             return not_live("model");
         }
         fastpar::ContextParams cp;
@@ -358,7 +370,7 @@ fastpar_status fastpar_context_new(fastpar_model * model, fastpar_context_params
         cp.warmup = params.warmup;
         auto handle = std::make_unique<fastpar_context>();
         handle->ctx = std::make_unique<fastpar::Context>(model->model, cp);
-        live().add(handle.get());
+        live().add(handle.get(), Kind::Context);
         *ctx_out = handle.release();
         return FASTPAR_OK;
     });
@@ -366,7 +378,7 @@ fastpar_status fastpar_context_new(fastpar_model * model, fastpar_context_params
 
 void fastpar_context_free(fastpar_context * ctx) {
     t_last_error.clear();
-    if (ctx != nullptr && !live().remove(ctx)) {
+    if (ctx != nullptr && !live().remove(ctx, Kind::Context)) {
         not_live("fastpar_context_free: ctx");
         return;
     }
@@ -378,7 +390,7 @@ fastpar_status fastpar_context_set_interrupt(fastpar_context * ctx, fastpar_inte
         if (ctx == nullptr) {
             return fail(FASTPAR_ERR_INVALID_ARGUMENT, "ctx must not be NULL");
         }
-        if (!live().has(ctx)) {
+        if (!live().has(ctx, Kind::Context)) {
             return not_live("ctx");
         }
         ctx->interrupt = fn;
@@ -393,7 +405,7 @@ fastpar_status fastpar_generate_parallel(fastpar_context * ctx, const char * con
         if (ctx == nullptr || results_out == nullptr) {
             return fail(FASTPAR_ERR_INVALID_ARGUMENT, "ctx and results_out must not be NULL");
         }
-        if (!live().has(ctx)) {
+        if (!live().has(ctx, Kind::Context)) {
             return not_live("ctx");
         }
         if (n_prompts < 0 || (n_prompts > 0 && prompts == nullptr)) {
@@ -430,7 +442,7 @@ fastpar_status fastpar_generate(fastpar_context * ctx, const fastpar_prompt * pr
         if (ctx == nullptr || results_out == nullptr || n_results_out == nullptr) {
             return fail(FASTPAR_ERR_INVALID_ARGUMENT, "ctx, results_out and n_results_out must not be NULL");
         }
-        if (!live().has(ctx)) {
+        if (!live().has(ctx, Kind::Context)) {
             return not_live("ctx");
         }
         if (n_prompts < 0 || (n_prompts > 0 && prompts == nullptr)) {
@@ -478,7 +490,7 @@ void fastpar_results_free(fastpar_completion * results, int32_t n_results) {
     if (results == nullptr) {
         return;
     }
-    if (!live().remove(results, &n)) {
+    if (!live().remove(results, Kind::Results, &n)) {
         not_live("fastpar_results_free: results");
         return;
     }
@@ -495,7 +507,7 @@ fastpar_status fastpar_context_last_stats(const fastpar_context * ctx, fastpar_s
         if (ctx == nullptr || stats_out == nullptr) {
             return fail(FASTPAR_ERR_INVALID_ARGUMENT, "ctx and stats_out must not be NULL");
         }
-        if (!live().has(ctx)) {
+        if (!live().has(ctx, Kind::Context)) {
             return not_live("ctx");
         }
         const fastpar::Stats s = ctx->ctx->last_stats();

@@ -60,13 +60,15 @@ int main(int argc, char ** argv) {
 
     const char * gpu_layers = getenv("FASTPAR_TEST_N_GPU_LAYERS");
     if (gpu_layers != NULL && *gpu_layers != '\0') mp.n_gpu_layers = atoi(gpu_layers);
+    /* Freed while `model` lives, so no later model can take its address (a freed handle
+       whose address a new handle of its kind took is that handle). */
+    CHECK(fastpar_model_load(argv[1], mp, &model) == FASTPAR_OK, "load");
     fastpar_model * freed_model = NULL;
     CHECK(fastpar_model_load(argv[1], mp, &freed_model) == FASTPAR_OK, "load");
     fastpar_model_free(freed_model);
     CHECK(fastpar_last_error()[0] == '\0', "a first free is no error");
     fastpar_model_free(freed_model); /* twice: nothing happens */
     CHECK(strstr(fastpar_last_error(), "not a live handle") != NULL, "a second free says so");
-    CHECK(fastpar_model_load(argv[1], mp, &model) == FASTPAR_OK, "load");
 
     /* Contexts. */
     int not_a_handle = 7;
@@ -117,8 +119,15 @@ int main(int argc, char ** argv) {
     FAILS(fastpar_context_new(model, p, &ctx), BAD, "warmup -7");
     CHECK(ctx == SENTINEL_C, "ctx_out untouched on errors");
 
+    fastpar_stats stats;
     fastpar_context * freed_ctx = NULL;
     CHECK(fastpar_context_new(model, cp, &freed_ctx) == FASTPAR_OK, "context");
+    CHECK(fastpar_context_new(model, cp, &ctx) == FASTPAR_OK, "context");
+    /* A handle of one kind never passes for another, whatever the allocator reuses. */
+    FAILS(fastpar_context_new((fastpar_model *)ctx, cp, &freed_ctx), BAD, "a context as a model");
+    fastpar_model_free((fastpar_model *)ctx);
+    CHECK(strstr(fastpar_last_error(), "not a live handle") != NULL, "a context freed as a model says so");
+    FAILS(fastpar_context_last_stats((fastpar_context *)model, &stats), BAD, "a model as a context");
     fastpar_context_free(freed_ctx);
     fastpar_context_free(freed_ctx);
     CHECK(strstr(fastpar_last_error(), "not a live handle") != NULL, "a second context free says so");
@@ -126,7 +135,6 @@ int main(int argc, char ** argv) {
     CHECK(strstr(fastpar_last_error(), "not a live handle") != NULL, "a foreign context free says so");
     fastpar_model_free((fastpar_model *)&not_a_handle);
     CHECK(strstr(fastpar_last_error(), "not a live handle") != NULL, "a foreign model free says so");
-    CHECK(fastpar_context_new(model, cp, &ctx) == FASTPAR_OK, "context");
 
     /* Generation. On an error *results_out stays as it was. */
     fastpar_generate_params gp = fastpar_generate_default_params();
@@ -135,7 +143,6 @@ int main(int argc, char ** argv) {
     const char * prompts[2] = {"The capital of France is", "Water boils at"};
     fastpar_completion * const SENTINEL_R = (fastpar_completion *)(uintptr_t)0x9abc;
     fastpar_completion * results = SENTINEL_R;
-    fastpar_stats stats;
     FAILS(fastpar_generate_parallel(NULL, prompts, 2, gp, &results), BAD, "NULL ctx");
     FAILS(fastpar_generate_parallel(freed_ctx, prompts, 2, gp, &results), BAD, "freed ctx");
     FAILS(fastpar_generate_parallel((fastpar_context *)&not_a_handle, prompts, 2, gp, &results), BAD, "foreign ctx");
