@@ -9,7 +9,8 @@
 #   asan  AddressSanitizer + UndefinedBehaviorSanitizer (default); without pytest
 #         arguments, the whole suite but tests/test_packaging.py (it builds and checks
 #         the normal wheels: nothing of it runs sanitized code).
-#   tsan  ThreadSanitizer; without pytest arguments, the engine, thread and cleanup tests.
+#   tsan  ThreadSanitizer; without pytest arguments, the tests of fastpar's threads: the
+#         engine, thread, cleanup, server, C ABI, thread-governor and per-prompt tests.
 #
 # Every ASan and TSan report goes to a file under build/sanitize-<kind>/reports/ (so reports
 # of child processes whose output a test captures are counted too). UBSan's own runtime
@@ -28,7 +29,8 @@ case "$kind" in
   asan) sanitizers="address,undefined"; runtime=libasan.so
         default_tests=(tests -m "not packaging") ;;
   tsan) sanitizers="thread"; runtime=libtsan.so
-        default_tests=(tests/test_engine.py tests/test_threads.py tests/test_cleanup.py) ;;
+        default_tests=(tests/test_engine.py tests/test_threads.py tests/test_cleanup.py tests/test_server.py
+                       tests/test_capi.py tests/test_thread_governor.py tests/test_sampling_params.py) ;;
   *) echo "usage: $0 [asan|tsan] [pytest arguments...]" >&2; exit 2 ;;
 esac
 [ $# -gt 0 ] && tests=("$@") || tests=("${default_tests[@]}")
