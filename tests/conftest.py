@@ -42,6 +42,12 @@ MORE_PROMPTS = PROMPTS + [
 N_GPU_LAYERS = int(os.environ.get("FASTPAR_TEST_N_GPU_LAYERS") or 0)
 ON_GPU = N_GPU_LAYERS != 0
 
+# scripts/sanitize.sh names its sanitizer here. Instrumented code runs several times slower,
+# so bounds on latency stretch by SLOWDOWN; AddressSanitizer holds freed memory in
+# quarantine (up to 256 MiB by default), so resident memory grows by design under it.
+SANITIZER = os.environ.get("FASTPAR_TEST_SANITIZER", "")
+SLOWDOWN = 5.0 if SANITIZER else 1.0
+
 # On the CPU a prompt's greedy output alone and in any batch is identical, token for token.
 # On a GPU it is not: llama.cpp's CUDA kernels pick their algorithm by batch shape (and a
 # row's place in it), so a sequence's logits alone and beside others differ, and greedy
@@ -54,12 +60,6 @@ ON_GPU = N_GPU_LAYERS != 0
 # they part, every chosen token up to and including the first difference has the same
 # log-probability in both within GPU_LOGPROB_TOL, and (test_isolation) a sequence's output
 # is bit-identical whoever its batch-mates are, when the batch shapes are the same.
-# scripts/sanitize.sh names its sanitizer here. Instrumented code runs several times slower,
-# so bounds on latency stretch by SLOWDOWN; AddressSanitizer holds freed memory in
-# quarantine (up to 256 MiB by default), so resident memory grows by design under it.
-SANITIZER = os.environ.get("FASTPAR_TEST_SANITIZER", "")
-SLOWDOWN = 5.0 if SANITIZER else 1.0
-
 GREEDY = dict(temperature=0.0, logprobs=True) if ON_GPU else dict(temperature=0.0)
 GPU_LOGPROB_TOL = 1.0
 DIVERGENCE: list = []  # GPU runs: (prompt, first differing index or None, largest |logprob diff|)
