@@ -7,7 +7,11 @@ CPU at 8 and 32 slots; generation tokens/s constrained over unconstrained (bar: 
 Each slot count alternates unconstrained and constrained runs (--repeats of each) on one
 context and keeps each kind's best run; the first constrained call (cold: `ratio`) is kept
 apart from the later ones (warm: `ratio_warm`, the context kept the compiled schema and its
-allowed-token sets). Also what the constraint costs alone (fastpar._testing.measure_grammar).
+allowed-token sets). The unconstrained runs generate --max-tokens each (ignore_eos on a GPU),
+a lockstep load; `ratio_matched` and `ratio_matched_warm` compare against the same prompts
+unconstrained, each generating as many tokens as its constrained output did (the same work
+in the same shape: slots refilled as outputs of different lengths end). Also what the
+constraint costs alone (fastpar._testing.measure_grammar).
 
     python bench/bench_structured.py [--out bench/results/cpu-x86_64-2core-structured.json]
     python bench/bench_structured.py --gpu --model SPEED_MODEL.gguf --slots 256 --prompts 1024
@@ -44,8 +48,9 @@ def prompts(n: int):
 
 
 def run(ctx, ps, p):
+    """One call: `p` is one GenerateParams for every prompt, or a list with one each."""
     t0 = time.perf_counter()
-    out = ctx._ctx.generate(ps, [p], None)
+    out = ctx._ctx.generate(ps, p if isinstance(p, list) else [p], None)
     wall = time.perf_counter() - t0
     s = ctx.last_stats
     return {"gen_tokens": s.n_gen_tokens, "gen_tokens_per_s": round(s.gen_tokens_per_s, 1),
@@ -53,7 +58,8 @@ def run(ctx, ps, p):
             "errors": sum(c.finish_reason == "error" for c in out),
             "stopped": sum(c.finish_reason == "stop" for c in out),
             # Constrained tokens by how each was chosen (docs/api.md, Stats).
-            "grammar": {k: getattr(s, "n_grammar_" + k) for k in ("kept", "top", "wider", "whole", "cached")}}
+            "grammar": {k: getattr(s, "n_grammar_" + k) for k in ("kept", "top", "wider", "whole", "cached")},
+            "lengths": [c.n_gen_tokens for c in out]}
 
 
 def main() -> int:
@@ -112,19 +118,41 @@ def main() -> int:
         kinds = [("unconstrained", plain, True), ("constrained", constrained, True)]
         if args.without_sets:
             kinds.append(("constrained_without_sets", constrained, False))
+        lengths = None
         for kind, p, sets in kinds * args.repeats:
             _testing.set_allowed_sets(sets)
             r = run(ctx, ps, p)
+            lengths = r.pop("lengths") if kind == "constrained" else lengths
+            r.pop("lengths", None)
             if kind == "constrained" and "constrained" in best:
                 kind = "constrained_warm"
             if kind not in best or r["gen_tokens_per_s"] > best[kind]["gen_tokens_per_s"]:
                 best[kind] = r
         _testing.set_allowed_sets(True)
+        # The same prompts unconstrained, each generating as many tokens as its constrained
+        # output did: the same work in the same shape (outputs of different lengths make
+        # continuous batching refill slots as they end), so the ratio is the constraint's cost.
+        for _ in range(args.repeats):
+            matched = []
+            for n_tokens in lengths:
+                m = _core.GenerateParams()
+                for name in ("temperature", "seed"):
+                    setattr(m, name, getattr(plain, name))
+                m.max_tokens, m.ignore_eos = max(1, n_tokens), True
+                matched.append(m)
+            r = run(ctx, ps, matched)
+            r.pop("lengths")
+            if "unconstrained_matched" not in best or r["gen_tokens_per_s"] > best["unconstrained_matched"]["gen_tokens_per_s"]:
+                best["unconstrained_matched"] = r
         ratio = best["constrained"]["gen_tokens_per_s"] / best["unconstrained"]["gen_tokens_per_s"]
         row = {"slots": n, **best, "ratio": round(ratio, 3)}
         if "constrained_warm" in best:
             row["ratio_warm"] = round(best["constrained_warm"]["gen_tokens_per_s"] /
                                       best["unconstrained"]["gen_tokens_per_s"], 3)
+        matched = best["unconstrained_matched"]["gen_tokens_per_s"]
+        row["ratio_matched"] = round(best["constrained"]["gen_tokens_per_s"] / matched, 3)
+        if "constrained_warm" in best:
+            row["ratio_matched_warm"] = round(best["constrained_warm"]["gen_tokens_per_s"] / matched, 3)
         if args.without_sets:
             row["ratio_without_sets"] = round(best["constrained_without_sets"]["gen_tokens_per_s"] /
                                               best["unconstrained"]["gen_tokens_per_s"], 3)

@@ -36,13 +36,14 @@ def cpu_policy():
 
 def test_policy_resolution_differs_between_cpu_and_gpu():
     cpu, gpu = cpu_policy(), gpu_policy()
-    assert (cpu.max_padded_gap, cpu.prompts_first, cpu.split_rows) == (0, False, False)
-    assert (gpu.max_padded_gap, gpu.prompts_first, gpu.split_rows) == (T.MAX_PADDED_GAP_GPU, True, True)
+    assert (cpu.max_padded_gap, cpu.prompts_first, cpu.split_rows, cpu.last_prompt_token_alone) == (0, False, False, False)
+    assert (gpu.max_padded_gap, gpu.prompts_first, gpu.split_rows, gpu.last_prompt_token_alone) == \
+        (T.MAX_PADDED_GAP_GPU, True, True, True)
     assert cpu.pool_anticipate_us == 0 and gpu.pool_anticipate_us > 0
     assert cpu.max_decode_waits == gpu.max_decode_waits == T.UNLIMITED_DECODE_WAITS
     # One KV buffer for all sequences: one forward pass anyway, nothing to pad or reorder.
     unified = T.resolve_step_policy(True, True, True, False, 64, 16)
-    assert (unified.max_padded_gap, unified.prompts_first) == (0, False)
+    assert (unified.max_padded_gap, unified.prompts_first, unified.last_prompt_token_alone) == (0, False, False)
     # Padding is removed by position afterwards: only for memory copyable by position.
     recurrent = T.resolve_step_policy(True, False, False, True, 64, 16)
     assert recurrent.max_padded_gap == 0 and recurrent.prompts_first and not recurrent.share_prefixes
@@ -75,29 +76,31 @@ def test_cpu_policy_never_pads():
 
 
 def test_a_padded_slot_with_a_prompt_chunk_is_not_padding():
-    # Slot 1 prefills (3 tokens left) between two decoding slots; slot 2 waits for a prefix.
+    # Slot 1 prefills (3 tokens left, the last for a later step) between two decoding
+    # slots; slot 2 waits for a prefix.
     slots = [decoding(), prompt(3), prompt(40, waiting=True), decoding()]
     plan = T.plan_step(slots, gpu_policy(), n_batch=8)
     assert plan["pad"] == [False, False, True, False]
-    assert plan["n_plan"] == [1, 3, 1, 1]
-    assert plan["n_tokens"] == 6
+    assert plan["n_plan"] == [1, 2, 1, 1]
+    assert plan["n_tokens"] == 5
 
 
 def test_prompts_first_take_the_batch_while_prompts_fill_it():
     policy = gpu_policy()
-    # 2 decoding slots and 30 prompt tokens ready, n_batch 32: 30 >= 32 - 2, prompts first.
-    slots = [decoding(), decoding(), prompt(20), prompt(10)]
+    # 2 decoding slots and 30 prompt tokens ready (each prompt's last token waits for a
+    # later step), n_batch 32: 30 >= 32 - 2, prompts first.
+    slots = [decoding(), decoding(), prompt(21), prompt(11)]
     plan = T.plan_step(slots, policy, n_batch=32)
     assert plan["prompts_first"]
     assert plan["n_plan"] == [0, 0, 20, 10]
     assert plan["decode_waits"] == 1
     # One token short of filling it: everybody goes, decoding slots first.
-    plan = T.plan_step([decoding(), decoding(), prompt(19), prompt(10)], policy, n_batch=32)
+    plan = T.plan_step([decoding(), decoding(), prompt(20), prompt(11)], policy, n_batch=32)
     assert not plan["prompts_first"]
     assert plan["n_plan"] == [1, 1, 19, 10]
     assert plan["decode_waits"] == 0
     # A waiting prompt does not count as ready.
-    plan = T.plan_step([decoding(), decoding(), prompt(20), prompt(10, waiting=True)], policy, n_batch=32)
+    plan = T.plan_step([decoding(), decoding(), prompt(21), prompt(11, waiting=True)], policy, n_batch=32)
     assert not plan["prompts_first"]
     # The CPU policy never lets the decoding slots wait.
     plan = T.plan_step(slots, cpu_policy(), n_batch=32)
@@ -133,6 +136,23 @@ def test_first_chunk_takes_what_fits_the_others_only_whole():
     # With decoding slots, the chunks get what they leave.
     plan = T.plan_step([decoding(), prompt(30), decoding()], cpu_policy(), n_batch=10)
     assert plan["n_plan"] == [1, 8, 1]
+
+
+def test_last_prompt_token_goes_alone_on_a_gpu():
+    # Under the GPU policy a chunk never ends a prompt of more than one token: its last
+    # token comes alone in a later step, one token a sequence like the decoding slots, so
+    # llama.cpp has no rows to put back in order.
+    policy = gpu_policy(prompts_first=False)
+    plan = T.plan_step([decoding(), prompt(30), decoding(), prompt(5), prompt(1)], policy, n_batch=64)
+    assert plan["n_plan"] == [1, 29, 1, 4, 1]
+    # What fits whole is judged without the last token too; a cut first chunk stays a cut.
+    plan = T.plan_step([prompt(25), prompt(4), prompt(4)], policy, n_batch=10)
+    assert plan["n_plan"] == [10, 0, 0]
+    plan = T.plan_step([prompt(25), prompt(4), prompt(4)], policy, n_batch=10, rotation=1)
+    assert plan["n_plan"] == [0, 3, 3]
+    # The CPU policy decodes a prompt whole.
+    plan = T.plan_step([decoding(), prompt(30), decoding(), prompt(5), prompt(1)], cpu_policy(), n_batch=64)
+    assert plan["n_plan"] == [1, 30, 1, 5, 1]
 
 
 def test_rotation_lets_every_prompt_go_first():
@@ -171,11 +191,14 @@ def test_budget_is_never_exceeded_and_every_rule_holds(gpu):
                 assert k == (0 if plan["prompts_first"] else 1)
             elif s.active and not s.waiting:
                 assert 0 <= k <= s.left
+                if policy.last_prompt_token_alone and s.left > 1:
+                    assert k < s.left  # the last token goes alone
             else:
                 assert k == 0
         # Only the first chunk (in rotation order) may be cut.
-        cut = [i for i, (s, k, p) in enumerate(zip(slots, n_plan, pad))
-               if s.active and s.prefilling and not p and 0 < k < s.left]
+        whole = [s.left - 1 if policy.last_prompt_token_alone and s.left > 1 else s.left for s in slots]
+        cut = [i for i, (s, k, p, w) in enumerate(zip(slots, n_plan, pad, whole))
+               if s.active and s.prefilling and not p and 0 < k < w]
         assert len(cut) <= 1
         if not gpu:
             assert not any(pad) and not plan["prompts_first"]

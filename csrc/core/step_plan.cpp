@@ -17,7 +17,7 @@ void plan_step(const std::vector<SlotState> & slots, const StepPolicy & policy, 
         if (!s.prefilling) {
             ++n_decoding;
         } else if (!s.waiting) {
-            n_prompt_ready += s.left;
+            n_prompt_ready += policy.last_prompt_token_alone && s.left > 1 ? s.left - 1 : s.left;
         }
     }
     // The decoding slots' tokens and the prompt chunks would be separate forward passes
@@ -59,11 +59,12 @@ void plan_step(const std::vector<SlotState> & slots, const StepPolicy & policy, 
         }
         SlotPlan & p = out.slots[i];
         const auto room = static_cast<size_t>(budget + (p.pad ? 1 : 0));
-        if (!first && s.left > room) {
+        const size_t want = policy.last_prompt_token_alone && s.left > 1 ? s.left - 1 : s.left;
+        if (!first && want > room) {
             continue;
         }
         first = false;
-        p.n_plan = static_cast<int32_t>(std::min(s.left, room));
+        p.n_plan = static_cast<int32_t>(std::min(want, room));
         p.pad = false;
         budget = static_cast<int32_t>(room) - p.n_plan;
     }

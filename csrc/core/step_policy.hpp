@@ -33,6 +33,16 @@ struct StepPolicy {
     // waiting (step_plan.hpp), at most max_decode_waits steps in a row.
     bool prompts_first = false;
     int32_t max_decode_waits = kUnlimitedDecodeWaits;
+    // A prompt's last token (the one whose logits choose its first token) is never decoded
+    // in one chunk with the rest of the prompt, but alone in a later step, beside the
+    // decoding slots' tokens. With one KV buffer per slot llama.cpp computes a step as
+    // passes of an equal number of tokens per sequence, so a chunk's last token comes out
+    // after the single tokens of higher seq_ids; llama.cpp then puts its rows back in batch
+    // order by swapping whole rows of the vocabulary's width, up to one swap per row (with
+    // device sampling four arrays a row), single-threaded: on a GPU with 256 slots that took
+    // longer than the step itself (docs/performance.md). Rows of one token each all come out
+    // of the first pass, in batch order.
+    bool last_prompt_token_alone = false;
     // Fewer than kMinPooled whole rows may have their first pass split over the pool's
     // threads (token_chooser.hpp): rows a GPU has just copied out, read from memory.
     bool split_rows = false;
@@ -56,6 +66,7 @@ inline StepPolicy resolve_step_policy(bool output_on_gpu, bool kv_unified, bool 
     StepPolicy policy;
     policy.max_padded_gap = output_on_gpu && !kv_unified && memory_copies_by_position ? kMaxPaddedGapGpu : 0;
     policy.prompts_first = output_on_gpu && !kv_unified;
+    policy.last_prompt_token_alone = output_on_gpu && !kv_unified;
     policy.max_decode_waits = kUnlimitedDecodeWaits;
     policy.split_rows = output_on_gpu && n_threads > 1;
     // On a GPU the pool's cores are idle while a step runs there: its workers wake ahead

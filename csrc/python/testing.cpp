@@ -38,6 +38,7 @@ void register_step_plan(py::module_ & m) {
         .def(py::init<>())
         .def_readwrite("max_padded_gap", &StepPolicy::max_padded_gap)
         .def_readwrite("prompts_first", &StepPolicy::prompts_first)
+        .def_readwrite("last_prompt_token_alone", &StepPolicy::last_prompt_token_alone)
         .def_readwrite("max_decode_waits", &StepPolicy::max_decode_waits)
         .def_readwrite("split_rows", &StepPolicy::split_rows)
         .def_readwrite("share_prefixes", &StepPolicy::share_prefixes)

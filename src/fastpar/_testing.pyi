@@ -21,6 +21,7 @@ def cpus_within(n_affinity: int, quota: float) -> int: ...
 class StepPolicy:
     max_padded_gap: int
     prompts_first: bool
+    last_prompt_token_alone: bool
     max_decode_waits: int
     split_rows: bool
     share_prefixes: bool
