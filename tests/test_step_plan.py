@@ -76,31 +76,34 @@ def test_cpu_policy_never_pads():
 
 
 def test_a_padded_slot_with_a_prompt_chunk_is_not_padding():
-    # Slot 1 prefills (3 tokens left, the last for a later step) between two decoding
-    # slots; slot 2 waits for a prefix.
+    # Slot 1 prefills (3 tokens left) between two decoding slots; slot 2 waits for a prefix.
     slots = [decoding(), prompt(3), prompt(40, waiting=True), decoding()]
-    plan = T.plan_step(slots, gpu_policy(), n_batch=8)
+    plan = T.plan_step(slots, gpu_policy(last_prompt_token_alone=False), n_batch=8)
     assert plan["pad"] == [False, False, True, False]
-    assert plan["n_plan"] == [1, 2, 1, 1]
-    assert plan["n_tokens"] == 5
+    assert plan["n_plan"] == [1, 3, 1, 1]
+    assert plan["n_tokens"] == 6
+    # Under the whole GPU policy the chunk leaves its last token for a later step (its
+    # logits beside the decoding slots' would come out of order).
+    plan = T.plan_step(slots, gpu_policy(), n_batch=8)
+    assert plan["n_plan"] == [1, 2, 1, 1] and plan["n_tokens"] == 5
 
 
 def test_prompts_first_take_the_batch_while_prompts_fill_it():
     policy = gpu_policy()
-    # 2 decoding slots and 30 prompt tokens ready (each prompt's last token waits for a
-    # later step), n_batch 32: 30 >= 32 - 2, prompts first.
-    slots = [decoding(), decoding(), prompt(21), prompt(11)]
+    # 2 decoding slots and 30 prompt tokens ready, n_batch 32: 30 >= 32 - 2, prompts first.
+    # (Prompts of two lengths: each leaves its last token for a later step.)
+    slots = [decoding(), decoding(), prompt(20), prompt(10)]
     plan = T.plan_step(slots, policy, n_batch=32)
     assert plan["prompts_first"]
-    assert plan["n_plan"] == [0, 0, 20, 10]
+    assert plan["n_plan"] == [0, 0, 19, 9]
     assert plan["decode_waits"] == 1
     # One token short of filling it: everybody goes, decoding slots first.
-    plan = T.plan_step([decoding(), decoding(), prompt(20), prompt(11)], policy, n_batch=32)
+    plan = T.plan_step([decoding(), decoding(), prompt(19), prompt(10)], policy, n_batch=32)
     assert not plan["prompts_first"]
-    assert plan["n_plan"] == [1, 1, 19, 10]
+    assert plan["n_plan"] == [1, 1, 18, 9]
     assert plan["decode_waits"] == 0
     # A waiting prompt does not count as ready.
-    plan = T.plan_step([decoding(), decoding(), prompt(21), prompt(11, waiting=True)], policy, n_batch=32)
+    plan = T.plan_step([decoding(), decoding(), prompt(20), prompt(10, waiting=True)], policy, n_batch=32)
     assert not plan["prompts_first"]
     # The CPU policy never lets the decoding slots wait.
     plan = T.plan_step(slots, cpu_policy(), n_batch=32)
@@ -138,18 +141,21 @@ def test_first_chunk_takes_what_fits_the_others_only_whole():
     assert plan["n_plan"] == [1, 8, 1]
 
 
-def test_last_prompt_token_goes_alone_on_a_gpu():
-    # Under the GPU policy a chunk never ends a prompt of more than one token: its last
-    # token comes alone in a later step, one token a sequence like the decoding slots, so
-    # llama.cpp has no rows to put back in order.
+def test_last_prompt_token_goes_alone_where_logits_rows_differ():
+    # Under the GPU policy the rows with logits of a step all have one token count: a
+    # chunk that ends its prompt beside decoding slots (or beside a chunk of another
+    # length) leaves its last token for a later step, where it goes alone.
     policy = gpu_policy(prompts_first=False)
     plan = T.plan_step([decoding(), prompt(30), decoding(), prompt(5), prompt(1)], policy, n_batch=64)
     assert plan["n_plan"] == [1, 29, 1, 4, 1]
-    # What fits whole is judged without the last token too; a cut first chunk stays a cut.
-    plan = T.plan_step([prompt(25), prompt(4), prompt(4)], policy, n_batch=10)
-    assert plan["n_plan"] == [10, 0, 0]
-    plan = T.plan_step([prompt(25), prompt(4), prompt(4)], policy, n_batch=10, rotation=1)
-    assert plan["n_plan"] == [0, 3, 3]
+    # Prompts of one length alone, or decoding slots alone: in order already, as planned.
+    plan = T.plan_step([prompt(8), prompt(8), prompt(8)], policy, n_batch=64)
+    assert plan["n_plan"] == [8, 8, 8]
+    plan = T.plan_step([decoding(), idle(), decoding(), prompt(1)], policy, n_batch=64)
+    assert plan["n_plan"] == [1, 1, 1, 1] and plan["pad"] == [False, True, False, False]
+    # A chunk that does not end its prompt has no logits and changes nothing.
+    plan = T.plan_step([decoding(), prompt(40), decoding()], policy, n_batch=10)
+    assert plan["n_plan"] == [1, 8, 1]
     # The CPU policy decodes a prompt whole.
     plan = T.plan_step([decoding(), prompt(30), decoding(), prompt(5), prompt(1)], cpu_policy(), n_batch=64)
     assert plan["n_plan"] == [1, 30, 1, 5, 1]
@@ -191,14 +197,18 @@ def test_budget_is_never_exceeded_and_every_rule_holds(gpu):
                 assert k == (0 if plan["prompts_first"] else 1)
             elif s.active and not s.waiting:
                 assert 0 <= k <= s.left
-                if policy.last_prompt_token_alone and s.left > 1:
-                    assert k < s.left  # the last token goes alone
             else:
                 assert k == 0
         # Only the first chunk (in rotation order) may be cut.
-        whole = [s.left - 1 if policy.last_prompt_token_alone and s.left > 1 else s.left for s in slots]
-        cut = [i for i, (s, k, p, w) in enumerate(zip(slots, n_plan, pad, whole))
-               if s.active and s.prefilling and not p and 0 < k < w]
+        # Only the first chunk (in rotation order) may be cut, beyond a last token left for
+        # a later step.
+        spare = 1 if gpu else 0
+        cut = [i for i, (s, k, p) in enumerate(zip(slots, n_plan, pad))
+               if s.active and s.prefilling and not p and 0 < k < s.left - spare]
         assert len(cut) <= 1
+        if gpu:  # the rows with logits all have one token count
+            counts = {k for s, k, p in zip(slots, n_plan, pad)
+                      if k > 0 and not p and (not s.prefilling or k == s.left)}
+            assert len(counts) <= 1, (slots, n_plan)
         if not gpu:
             assert not any(pad) and not plan["prompts_first"]

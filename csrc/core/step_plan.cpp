@@ -17,7 +17,7 @@ void plan_step(const std::vector<SlotState> & slots, const StepPolicy & policy, 
         if (!s.prefilling) {
             ++n_decoding;
         } else if (!s.waiting) {
-            n_prompt_ready += policy.last_prompt_token_alone && s.left > 1 ? s.left - 1 : s.left;
+            n_prompt_ready += s.left;
         }
     }
     // The decoding slots' tokens and the prompt chunks would be separate forward passes
@@ -59,14 +59,38 @@ void plan_step(const std::vector<SlotState> & slots, const StepPolicy & policy, 
         }
         SlotPlan & p = out.slots[i];
         const auto room = static_cast<size_t>(budget + (p.pad ? 1 : 0));
-        const size_t want = policy.last_prompt_token_alone && s.left > 1 ? s.left - 1 : s.left;
-        if (!first && want > room) {
+        if (!first && s.left > room) {
             continue;
         }
         first = false;
-        p.n_plan = static_cast<int32_t>(std::min(want, room));
+        p.n_plan = static_cast<int32_t>(std::min(s.left, room));
         p.pad = false;
         budget = static_cast<int32_t>(room) - p.n_plan;
+    }
+    if (policy.last_prompt_token_alone) {
+        // Rows with logits (a decoding slot's token, a chunk's last token when it ends its
+        // prompt) of different token counts come out of llama.cpp's passes out of batch
+        // order (step_policy.hpp): then every chunk that ends its prompt leaves its last
+        // token for a later step, where it goes alone. Rows all of one count (the usual
+        // generation step, or prompts of one length) come out in order and stay as planned.
+        int32_t count = 0;
+        bool differ = false;
+        for (size_t i = 0; i < n; ++i) {
+            const SlotPlan & p = out.slots[i];
+            const bool logits = p.n_plan > 0 && !p.pad &&
+                                (!slots[i].prefilling || static_cast<size_t>(p.n_plan) == slots[i].left);
+            if (logits) {
+                differ = differ || (count != 0 && p.n_plan != count);
+                count = p.n_plan;
+            }
+        }
+        for (size_t i = 0; differ && i < n; ++i) {
+            SlotPlan & p = out.slots[i];
+            if (slots[i].prefilling && !p.pad && p.n_plan > 1 && static_cast<size_t>(p.n_plan) == slots[i].left) {
+                --p.n_plan;
+                ++budget;
+            }
+        }
     }
     out.n_tokens = n_batch - budget;
 }

@@ -33,15 +33,15 @@ struct StepPolicy {
     // waiting (step_plan.hpp), at most max_decode_waits steps in a row.
     bool prompts_first = false;
     int32_t max_decode_waits = kUnlimitedDecodeWaits;
-    // A prompt's last token (the one whose logits choose its first token) is never decoded
-    // in one chunk with the rest of the prompt, but alone in a later step, beside the
-    // decoding slots' tokens. With one KV buffer per slot llama.cpp computes a step as
-    // passes of an equal number of tokens per sequence, so a chunk's last token comes out
-    // after the single tokens of higher seq_ids; llama.cpp then puts its rows back in batch
-    // order by swapping whole rows of the vocabulary's width, up to one swap per row (with
-    // device sampling four arrays a row), single-threaded: on a GPU with 256 slots that took
-    // longer than the step itself (docs/performance.md). Rows of one token each all come out
-    // of the first pass, in batch order.
+    // In a step whose rows with logits have different token counts (a prompt's last chunk
+    // beside decoding slots, or prompts of different lengths), a prompt's last token (the
+    // one whose logits choose its first token) is left for a later step, where it goes
+    // alone. With one KV buffer per slot llama.cpp computes a step as passes of an equal
+    // number of tokens per sequence, so such rows come out of order (a chunk's last token
+    // after the single tokens of higher seq_ids), and llama.cpp puts them back in batch
+    // order by swapping whole rows of the vocabulary's width, up to one swap a row (four
+    // arrays a row with device sampling), single-threaded: on a GPU with 256 slots and
+    // outputs of different lengths, more time than the decodes (docs/performance.md).
     bool last_prompt_token_alone = false;
     // Fewer than kMinPooled whole rows may have their first pass split over the pool's
     // threads (token_chooser.hpp): rows a GPU has just copied out, read from memory.
