@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import fastpar
 from conftest import GREEDY, MORE_PROMPTS, ON_GPU, PROMPTS, assert_as_solo, assert_clean, assert_same_greedy
 
@@ -96,3 +98,35 @@ def test_batch_mates_do_not_change_a_sequence(model):
     assert a[0].token_ids == b[0].token_ids
     assert a[0].logprobs == b[0].logprobs
     assert_clean(ctx)
+
+
+@pytest.mark.skipif(ON_GPU, reason="on a GPU every test runs under these rules already")
+def test_gpu_step_rules_change_no_output(model, solo):
+    # A GPU's step rules (padding gaps between decoding slots, prompts first, a prompt's
+    # last token left for a later step where rows with logits differ in token count) cut
+    # steps differently, never change a token: on the CPU, where a row's logits do not
+    # depend on the batch, every prompt of a refilling call under them equals its solo run.
+    # Different max_tokens make slots refill at different steps, so prompts and generation mix.
+    from fastpar import _core, _testing
+
+    ctx = fastpar.Context(model, n_parallel=4, n_ctx_per_seq=512)
+    policy = _testing.resolve_step_policy(output_on_gpu=True, kv_unified=False, memory_copies_by_position=True,
+                                          share_prefixes=True, n_parallel=4, n_threads=ctx.n_threads)
+    assert policy.last_prompt_token_alone and policy.prompts_first and policy.max_padded_gap > 0
+    params = []
+    for i in range(len(MORE_PROMPTS)):
+        p = _core.GenerateParams()
+        p.max_tokens, p.temperature = 8 + 5 * (i % 6), 0.0
+        params.append(p)
+    decodes = {}
+    for alone in (False, True):
+        policy.last_prompt_token_alone = alone
+        results = _testing.generate_with_policy(ctx._ctx, MORE_PROMPTS, params, policy)
+        for c, prompt, p in zip(results, MORE_PROMPTS, params):
+            assert c.finish_reason in ("stop", "length"), c.error
+            assert c.token_ids == solo(prompt, 48).token_ids[: p.max_tokens], prompt
+        assert ctx.last_stats.n_prompts == len(MORE_PROMPTS)
+        decodes[alone] = ctx.last_stats.n_decode_calls
+        assert_clean(ctx)
+    # The last-token rule did cut steps differently (prompts' last tokens in later steps).
+    assert decodes[True] > decodes[False], decodes

@@ -42,9 +42,12 @@ public:
     // `on_completion` gets that flat index. The prompt is decoded once and its KV cache
     // copied to its other samples (StepPolicy::share_samples). A seed of -1 is drawn once
     // per entry of `params`: with one entry for all, every prompt gets the same seed.
+    // `policy`, when given, replaces the context's step policy for this call (its pool
+    // options stay the context's): the tests run a GPU's step rules on a CPU with it.
     std::vector<Completion> generate(const std::vector<Prompt> & prompts, const std::vector<GenerateParams> & params,
                                      const std::function<bool()> & interrupt = {},
-                                     const std::function<void(size_t, const Completion &)> & on_completion = {});
+                                     const std::function<void(size_t, const Completion &)> & on_completion = {},
+                                     const StepPolicy * policy = nullptr);
 
     // Gives `body` a Scheduler over this context, with exclusive use of it until `body`
     // returns (the Engine's worker holds it for its whole life). Whatever the scheduler

@@ -13,6 +13,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include "core/context.hpp"
 #include "core/cpus.hpp"
 #include "core/thread_governor.hpp"
 #include "core/errors.hpp"
@@ -88,6 +89,19 @@ void register_step_plan(py::module_ & m) {
         },
         py::arg("slots"), py::arg("policy"), py::arg("n_batch"), py::arg("rotation") = 0, py::arg("decode_waits") = 0,
         "core/step_plan.hpp's plan_step: a dict of n_plan and pad per slot, decode_waits, prompts_first, n_tokens.");
+    m.def(
+        "generate_with_policy",
+        [](Context & ctx, const std::vector<std::string> & texts, const std::vector<GenerateParams> & params,
+           const StepPolicy & policy) {
+            std::vector<Prompt> prompts(texts.size());
+            for (size_t i = 0; i < texts.size(); ++i) {
+                prompts[i].text = texts[i];
+            }
+            py::gil_scoped_release nogil;
+            return ctx.generate(prompts, params, {}, {}, &policy);
+        },
+        py::arg("ctx"), py::arg("prompts"), py::arg("params"), py::arg("policy"),
+        "Context.generate of text prompts with another step policy than the context's (a GPU's rules on a CPU).");
 }
 
 void register_prefix_sharing(py::module_ & m) {

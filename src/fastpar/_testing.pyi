@@ -2,7 +2,7 @@
 
 from typing import Dict, List, Sequence, Tuple, Union
 
-from ._core import Engine, GenerateParams, Model
+from ._core import Completion, Context, Engine, GenerateParams, Model
 
 MAX_PADDED_GAP_GPU: int
 STREAMING_DECODE_WAITS: int
@@ -46,6 +46,9 @@ class SlotState:
 def plan_step(
     slots: Sequence[SlotState], policy: StepPolicy, n_batch: int, rotation: int = 0, decode_waits: int = 0
 ) -> Dict[str, Union[List[int], List[bool], int, bool]]: ...
+def generate_with_policy(
+    ctx: Context, prompts: Sequence[str], params: Sequence[GenerateParams], policy: StepPolicy
+) -> List[Completion]: ...
 
 class SharingSlot:
     active: bool
