@@ -40,6 +40,8 @@ def test_policy_resolution_differs_between_cpu_and_gpu():
     assert (gpu.max_padded_gap, gpu.prompts_first, gpu.split_rows, gpu.last_prompt_token_alone) == \
         (T.MAX_PADDED_GAP_GPU, True, True, True)
     assert cpu.pool_anticipate_us == 0 and gpu.pool_anticipate_us > 0
+    # Whole grammar masks on the host's otherwise idle cores, with the output on a GPU only.
+    assert (cpu.mask_workers, gpu.mask_workers) == (0, 15)
     assert cpu.max_decode_waits == gpu.max_decode_waits == T.UNLIMITED_DECODE_WAITS
     # One KV buffer for all sequences: one forward pass anyway, nothing to pad or reorder.
     unified = T.resolve_step_policy(True, True, True, False, 64, 16)

@@ -56,6 +56,26 @@ def test_outputs_equal_without_sets(ctx, case):
         assert used["cached"] > 0
 
 
+def test_greedy_refusals_read_large_sets(ctx):
+    # Text without the letter e: one state that allows most of the vocabulary (a set too
+    # large to list its tokens) and refuses the model's own choice often. Whole-row
+    # sampling computes that set; greedy rows refused later choose from it in one pass,
+    # the token that masking with the grammar alone gives.
+    g = r"root ::= [^eE\x00-\x1f]+"
+    prompts = [chat(f"Describe ticket #{i} in detail: {TICKETS[i % len(TICKETS)]}") for i in range(8)]
+    run(ctx, prompts, params(max_tokens=8, temperature=1.3, top_k=0, top_p=1.0, seed=5, grammar=g))
+    greedy = params(max_tokens=40, temperature=0.0, grammar=g)
+    with_sets, used = run(ctx, prompts, greedy)
+    _testing.set_allowed_sets(False)
+    try:
+        without, plain = run(ctx, prompts, greedy)
+    finally:
+        _testing.set_allowed_sets(True)
+    assert with_sets == without
+    assert all("e" not in text.lower() for text, _, _ in with_sets)
+    assert used["cached"] > 0 and plain["cached"] == 0
+
+
 def test_many_rows_on_one_schema_share_sets(model):
     ctx = fastpar.Context(model, n_parallel=16, n_ctx_per_seq=256)
     prompts = [chat(f"Ticket #{i}: {TICKETS[i % len(TICKETS)]}. Answer as JSON.") for i in range(32)]
@@ -113,12 +133,14 @@ GRAMMARS = {
 }
 
 
+@pytest.mark.parametrize("workers", [0, 3])
 @pytest.mark.parametrize("name", sorted(GRAMMARS))
-def test_whole_masks_match_llama_cpp(model, name):
-    # The sets' whole masks skip tokens whose prefix was refused; along random walks they
-    # must equal llama.cpp's mask of every token.
+def test_whole_masks_match_llama_cpp(model, name, workers):
+    # The sets' whole masks skip tokens whose prefix was refused and read each token's text
+    # decoded ahead; along random walks they must equal llama.cpp's mask of every token,
+    # computed by one thread or, as on a GPU, by several together.
     p = params(**GRAMMARS[name])
-    r = _testing.compare_masks(model._model, p, 40, 1)
+    r = _testing.compare_masks(model._model, p, 40, 1, workers)
     assert r["n_states"] >= 2
     assert r["n_differ"] == 0, r
     assert r["n_compared"] > 0

@@ -230,7 +230,7 @@ void Context::with_scheduler(Stats & stats, const StepPolicy & policy, const std
     options.device = device_.reducer ? &device_ : nullptr;
     options.threads = governor_.get();
     if (!grammars_) {
-        grammars_ = std::make_unique<GrammarCache>(model_->vocab());
+        grammars_ = std::make_unique<GrammarCache>(model_->vocab(), policy_.mask_workers);
     }
     options.grammars = grammars_.get();
     Scheduler scheduler(*model_, ctx_, batch_, options, stats);

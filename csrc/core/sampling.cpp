@@ -222,6 +222,46 @@ llama_token apply_chain(llama_sampler * chain, std::vector<llama_token_data> & c
 
 }  // namespace
 
+bool best_candidates(const LogitRow & row, size_t k, std::vector<llama_token_data> & cur) {
+    // Every block's largest logit first (NaN counts as -inf): k blocks reach the k-th
+    // largest of these maxima, so at least k logits do, and the k best are all at or above
+    // it. Only the blocks whose maximum reaches it (k of them, more on ties) are read one
+    // logit at a time, and only their logits that reach it (about k to 2k) are ranked.
+    const float * x = row.logits;
+    const int32_t width = row.n >= kTopKWideRow ? kArgmaxBlock : kTopKBlock;
+    const Maxima maxima = block_maxima(row, width);
+    const size_t n_blocks = maxima.size();
+    thread_local std::vector<float> scratch;
+    float reach = -INFINITY;
+    if (n_blocks > k) {
+        scratch.assign(maxima.data, maxima.data + n_blocks);
+        std::nth_element(scratch.begin(), scratch.begin() + static_cast<std::ptrdiff_t>(k - 1), scratch.end(),
+                         std::greater<float>());
+        reach = scratch[k - 1];
+    }
+    cur.clear();
+    for (size_t i = 0; i < n_blocks; ++i) {
+        if (maxima[i] < reach) {
+            continue;
+        }
+        const auto b = static_cast<int32_t>(i) * width;
+        append_reaching(x, b, std::min(b + width, row.n), reach, row, cur);
+    }
+    if (cur.empty()) {
+        // A row of NaNs: the first k, in their order, for the chain to make what it can of.
+        for (int32_t j = 0; j < row.n && cur.size() < k; ++j) {
+            cur.push_back(llama_token_data{row.id(j), x[j], 0.0f});
+        }
+        return false;
+    }
+    if (cur.size() > k) {
+        std::nth_element(cur.begin(), cur.begin() + static_cast<std::ptrdiff_t>(k - 1), cur.end(), better);
+        cur.resize(k);
+    }
+    std::sort(cur.begin(), cur.end(), better);
+    return true;
+}
+
 llama_token sample_logits(llama_sampler * chain, const GenerateParams & p, const LogitRow & row,
                           std::vector<llama_token_data> & cur, bool accept) {
     const bool penalties = has_penalties(p);
@@ -236,43 +276,10 @@ llama_token sample_logits(llama_sampler * chain, const GenerateParams & p, const
     bool sorted = false;
     if (!penalties && p.top_k > 0 && (p.top_k < row.n || row.blocks != nullptr)) {
         // The k best logits, best first: what the chain's top-k sampler would keep, so it
-        // and the rest of the chain see the same candidates. Every block's largest logit
-        // first (NaN counts as -inf): k blocks reach the k-th largest of these maxima, so at
-        // least k logits do, and the k best are all at or above it. Only the blocks whose
-        // maximum reaches it (k of them, more on ties) are read one logit at a time, and
-        // only their logits that reach it (about k to 2k) are ranked.
-        const auto k = static_cast<size_t>(p.top_k);
-        const int32_t width = row.n >= kTopKWideRow ? kArgmaxBlock : kTopKBlock;
-        const Maxima maxima = block_maxima(row, width);
-        const size_t n_blocks = maxima.size();
-        thread_local std::vector<float> scratch;
-        float reach = -INFINITY;
-        if (n_blocks > k) {
-            scratch.assign(maxima.data, maxima.data + n_blocks);
-            std::nth_element(scratch.begin(), scratch.begin() + static_cast<std::ptrdiff_t>(k - 1), scratch.end(),
-                             std::greater<float>());
-            reach = scratch[k - 1];
-        }
-        cur.clear();
-        for (size_t i = 0; i < n_blocks; ++i) {
-            if (maxima[i] < reach) {
-                continue;
-            }
-            const auto b = static_cast<int32_t>(i) * width;
-            append_reaching(x, b, std::min(b + width, row.n), reach, row, cur);
-        }
-        if (cur.empty()) {
-            // A row of NaNs: the first k, in their order, for the chain to make what it can of.
-            for (int32_t j = 0; j < row.n && cur.size() < k; ++j) {
-                cur.push_back(llama_token_data{row.id(j), x[j], 0.0f});
-            }
+        // and the rest of the chain see the same candidates.
+        if (!best_candidates(row, static_cast<size_t>(p.top_k), cur)) {
             return apply_chain(chain, cur, false, accept);
         }
-        if (cur.size() > k) {
-            std::nth_element(cur.begin(), cur.begin() + static_cast<std::ptrdiff_t>(k - 1), cur.end(), better);
-            cur.resize(k);
-        }
-        std::sort(cur.begin(), cur.end(), better);
         sorted = true;
     } else if (row.blocks == nullptr) {
         cur.resize(static_cast<size_t>(row.n));

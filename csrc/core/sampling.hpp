@@ -52,6 +52,12 @@ struct LogitRow {
 llama_token sample_logits(llama_sampler * chain, const GenerateParams & params, const LogitRow & row,
                           std::vector<llama_token_data> & cur, bool accept = true);
 
+// The k best candidates of `row` (k > 0), best first: larger logit, then lower id, as
+// llama.cpp's greedy and top-k samplers rank them; all of them when the row has fewer.
+// Found from the row's block maxima without ranking the whole row. False for a row of
+// NaNs only, with its first k candidates in row order instead.
+bool best_candidates(const LogitRow & row, size_t k, std::vector<llama_token_data> & cur);
+
 // Whether sample_logits reads every logit of `row` with the chain `params` builds in a first
 // pass (the row's block maxima) that choose_split can spread over threads: a whole row of
 // a large vocabulary, and a greedy chain or one that starts with top-k, without penalties.

@@ -3,6 +3,7 @@
 // docs/internals.md says why each GPU rule pays there and not on a CPU.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -48,6 +49,11 @@ struct StepPolicy {
     bool split_rows = false;
     // How the sampling pool hands out runs (TaskPool::Options::for_gpu_output on a GPU).
     TaskPool::Options pool;
+    // Threads besides the sampling thread that compute a grammar state's whole allowed set
+    // together (structured output, GrammarCache): on a GPU the host's cores are idle while
+    // a step runs there, and a whole mask of a large vocabulary takes milliseconds on one
+    // of them. On a CPU they would take cores from llama.cpp's threads.
+    int32_t mask_workers = 0;
     // Prompts that start alike copy the common prefix from one another's KV cache
     // (prefix_sharing.hpp): asked for, more than one slot, and a cache copyable by position.
     bool share_prefixes = false;
@@ -72,6 +78,7 @@ inline StepPolicy resolve_step_policy(bool output_on_gpu, bool kv_unified, bool 
     // On a GPU the pool's cores are idle while a step runs there: its workers wake ahead
     // of the next step's sampling. On a CPU they would take cores from llama.cpp's threads.
     policy.pool = output_on_gpu ? TaskPool::Options::for_gpu_output() : TaskPool::Options{};
+    policy.mask_workers = output_on_gpu ? std::max(0, n_threads - 1) : 0;
     policy.share_prefixes = share_prefixes && n_parallel > 1 && memory_copies_by_position;
     policy.share_samples = n_parallel > 1 && memory_copies_by_position;
     return policy;

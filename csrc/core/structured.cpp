@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/errors.hpp"
+#include "core/pool.hpp"
 #include "json-schema-to-grammar.h"
 #include "llama-grammar.h"  // llama.cpp's internals: see "Allowed-token sets by grammar state"
 
@@ -291,6 +292,9 @@ std::atomic<bool> g_sets_enabled{true};
 // characters: tokens are masked level by level, parents first, and a token whose parent
 // was refused is refused unread. Most of a large vocabulary then goes unread in a state
 // that allows few tokens (after a key, in a number), where whole masks are needed.
+// Each token's text is decoded once, here: the grammar's own mask decodes every
+// candidate's text into a fresh vector at every call, about half of a whole mask's time
+// (an H200 host: 12 ms a whole mask of 152k tokens with this tree before, docs/internals.md).
 struct TokenTree {
     std::vector<std::vector<llama_token>> levels;  // tokens by depth: level 0 has no parent
     std::vector<llama_token> parent;               // -1: none
@@ -299,12 +303,23 @@ struct TokenTree {
         const int32_t n = llama_vocab_n_tokens(vocab);
         std::vector<std::string> pieces(static_cast<size_t>(n));
         std::vector<char> can_parent(static_cast<size_t>(n), 0), can_child(static_cast<size_t>(n), 0);
+        kind_.assign(static_cast<size_t>(n), Kind::Text);
+        first_.assign(static_cast<size_t>(n), 0);
+        partial_.assign(static_cast<size_t>(n), llama_partial_utf8{0, 0});
         for (llama_token t = 0; t < n; ++t) {
             std::string & piece = pieces[static_cast<size_t>(t)];
             piece = token_text(vocab, t);
             // As the grammar's mask reads it: end-of-generation tokens by their own rule, an
-            // empty text or a NUL never allowed (and NUL ends its decoding).
-            if (llama_vocab_is_eog(vocab, t) || piece.empty() || piece.find('\0') != std::string::npos) {
+            // empty text or one that starts with NUL never allowed (a NUL ends decoding).
+            if (llama_vocab_is_eog(vocab, t)) {
+                kind_[static_cast<size_t>(t)] = Kind::Eog;
+            } else if (piece.empty() || piece[0] == '\0') {
+                kind_[static_cast<size_t>(t)] = Kind::Never;
+            } else {
+                first_[static_cast<size_t>(t)] = static_cast<uint32_t>(points_.size());
+                partial_[static_cast<size_t>(t)] = decode(piece, points_);
+            }
+            if (kind_[static_cast<size_t>(t)] != Kind::Text || piece.find('\0') != std::string::npos) {
                 continue;
             }
             can_child[static_cast<size_t>(t)] = 1;
@@ -349,36 +364,91 @@ struct TokenTree {
         }
         levels.resize(static_cast<size_t>(max_depth) + 1);
         for (llama_token t = 0; t < n; ++t) {
-            levels[static_cast<size_t>(depth[static_cast<size_t>(t)])].push_back(t);
+            if (kind_[static_cast<size_t>(t)] == Kind::Text) {
+                levels[static_cast<size_t>(depth[static_cast<size_t>(t)])].push_back(t);
+            } else if (kind_[static_cast<size_t>(t)] == Kind::Eog) {
+                eog_.push_back(t);
+            }
         }
     }
 
     // The tokens `g` allows, as a mask of the whole vocabulary would find them (bit t of
-    // `bits`). `g` must have no token terminals and no partly decoded character.
-    void allowed(const llama_grammar & g, std::vector<uint64_t> & bits) const {
-        std::vector<llama_token_data> cur;
+    // `bits`). `g` must have no token terminals and no partly decoded character. With
+    // `pool`, each level's slices are masked on its threads.
+    void allowed(const llama_grammar & g, std::vector<uint64_t> & bits, TaskPool * pool = nullptr) const {
+        const auto set = [&](llama_token t) {
+            bits[static_cast<size_t>(t) / 64] |= uint64_t{1} << (static_cast<size_t>(t) % 64);
+        };
+        if (g.stacks.empty()) {
+            return;  // nothing can follow (accepting a token into it throws before this)
+        }
+        // The end of generation: when the grammar may end here (llama_grammar_apply_impl).
+        if (std::any_of(g.stacks.begin(), g.stacks.end(), [](const llama_grammar_stack & s) { return s.empty(); })) {
+            for (const llama_token t : eog_) {
+                set(t);
+            }
+        }
+        llama_grammar_candidates cur;
+        std::vector<char> passed;
         for (size_t d = 0; d < levels.size(); ++d) {
             cur.clear();
             for (const llama_token t : levels[d]) {
                 const llama_token up = parent[static_cast<size_t>(t)];
                 if (up < 0 || ((bits[static_cast<size_t>(up) / 64] >> (static_cast<size_t>(up) % 64)) & 1U) != 0) {
-                    cur.push_back(llama_token_data{t, 0.0f, 0.0f});
+                    // `index`: the candidate's place in `cur`
+                    cur.push_back(llama_grammar_candidate{cur.size(), points_.data() + first_[static_cast<size_t>(t)],
+                                                          partial_[static_cast<size_t>(t)], t});
                 }
             }
             if (cur.empty()) {
                 break;  // no level below has a parent left
             }
-            llama_token_data_array a{cur.data(), cur.size(), -1, false};
-            llama_grammar_apply_impl(g, &a);
-            for (const llama_token_data & c : cur) {
-                if (c.logit != -INFINITY) {
-                    bits[static_cast<size_t>(c.id) / 64] |= uint64_t{1} << (static_cast<size_t>(c.id) % 64);
+            // What llama_grammar_reject_candidates does: a candidate is refused when every
+            // stack refuses it, so each stack reads only those the stacks before it refused.
+            // In slices, which keeps the rejection's working vectors small and spreads a
+            // level over the pool's threads.
+            passed.assign(cur.size(), 1);
+            const auto one = [&](size_t i) {
+                const size_t from = i * kSlice;
+                const size_t to = std::min(cur.size(), from + kSlice);
+                llama_grammar_candidates slice(cur.begin() + static_cast<std::ptrdiff_t>(from),
+                                               cur.begin() + static_cast<std::ptrdiff_t>(to));
+                for (const llama_grammar_stack & stack : g.stacks) {
+                    slice = llama_grammar_reject_candidates_for_stack(g.rules, stack, slice);
+                    if (slice.empty()) {
+                        break;
+                    }
+                }
+                for (const llama_grammar_candidate & c : slice) {
+                    passed[c.index] = 0;
+                }
+            };
+            const size_t n_slices = (cur.size() + kSlice - 1) / kSlice;
+            if (pool != nullptr && n_slices > 1) {
+                pool->run(n_slices, one);
+            } else {
+                for (size_t i = 0; i < n_slices; ++i) {
+                    one(i);
+                }
+            }
+            for (size_t i = 0; i < cur.size(); ++i) {
+                if (passed[i] != 0) {
+                    set(cur[i].id);
                 }
             }
         }
     }
 
 private:
+    enum class Kind : uint8_t { Text, Eog, Never };
+    static constexpr size_t kSlice = 4096;
+
+    std::vector<Kind> kind_;
+    std::vector<uint32_t> points_;  // every Text token's code points, each list ended by 0
+    std::vector<uint32_t> first_;   // where a token's list starts in points_
+    std::vector<llama_partial_utf8> partial_;  // a character its text leaves unfinished
+    std::vector<llama_token> eog_;
+
     static std::string token_text(const llama_vocab * vocab, llama_token t) {
         // The text the grammar's mask reads: special tokens as text, no space stripped.
         std::string out(16, '\0');
@@ -389,6 +459,41 @@ private:
         }
         out.resize(static_cast<size_t>(std::max(got, 0)));
         return out;
+    }
+
+    // Appends the code points the grammar reads in `s` from a fresh start, then a 0, and
+    // returns the character left unfinished at its end. The grammar's rules of reading
+    // (llama-grammar.cpp): a lead byte's top four bits give the sequence's length and the
+    // bytes that follow are taken whatever they are; a continuation byte where a character
+    // should start makes the text invalid (no code points, n_remain -1, never allowed); a
+    // NUL ends the text.
+    static llama_partial_utf8 decode(std::string_view s, std::vector<uint32_t> & out) {
+        static const int length[16] = {1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 2, 2, 3, 4};
+        const size_t start = out.size();
+        uint32_t value = 0;
+        int n_remain = 0;
+        size_t i = 0;
+        while (i < s.size() && s[i] != '\0') {
+            const auto lead = static_cast<uint8_t>(s[i]);
+            n_remain = length[lead >> 4] - 1;
+            if (n_remain < 0) {
+                out.resize(start);
+                out.push_back(0);
+                return llama_partial_utf8{0, -1};
+            }
+            value = lead & ((1U << (7 - n_remain)) - 1);
+            ++i;
+            while (i < s.size() && s[i] != '\0' && n_remain > 0) {
+                value = (value << 6) + (static_cast<uint8_t>(s[i]) & 0x3FU);
+                ++i;
+                --n_remain;
+            }
+            if (n_remain == 0) {
+                out.push_back(value);
+            }
+        }
+        out.push_back(0);
+        return llama_partial_utf8{value, n_remain};
     }
 
     // Whether `s` decodes to whole characters, read as the grammar reads a token's text from
@@ -424,12 +529,13 @@ bool has_token_terminals(const llama_grammar & g) {
     return false;
 }
 
-std::shared_ptr<const Allowed> compute_allowed(const llama_grammar & g, const TokenTree * tree) {
+std::shared_ptr<const Allowed> compute_allowed(const llama_grammar & g, const TokenTree * tree,
+                                               TaskPool * pool = nullptr) {
     const int32_t n_vocab = llama_vocab_n_tokens(g.vocab);
     auto out = std::make_shared<Allowed>();
     out->bits.assign((static_cast<size_t>(n_vocab) + 63) / 64, 0);
     if (tree != nullptr) {
-        tree->allowed(g, out->bits);
+        tree->allowed(g, out->bits, pool);
     } else {
         std::vector<llama_token_data> all(static_cast<size_t>(n_vocab));
         for (int32_t t = 0; t < n_vocab; ++t) {
@@ -461,7 +567,8 @@ std::shared_ptr<const Allowed> compute_allowed(const llama_grammar & g, const To
 
 class AllowedSets {
 public:
-    AllowedSets(const llama_vocab * vocab, size_t budget) : vocab_(vocab), budget_(budget) {}
+    AllowedSets(const llama_vocab * vocab, size_t budget, int32_t mask_workers)
+        : vocab_(vocab), budget_(budget), mask_workers_(mask_workers) {}
 
     // The vocabulary's TokenTree, built the first time a whole mask is needed.
     const TokenTree & tree() {
@@ -491,7 +598,13 @@ public:
         lock.unlock();
         std::shared_ptr<const Allowed> set;
         try {
-            set = compute_allowed(g, tree_serves(g, token_terminals) ? &tree() : nullptr);
+            if (tree_serves(g, token_terminals)) {
+                // On the mask pool when no other set is being computed on it.
+                std::unique_lock<std::mutex> pool_free(pool_mutex_, std::try_to_lock);
+                set = compute_allowed(g, &tree(), pool_free.owns_lock() ? mask_pool() : nullptr);
+            } else {
+                set = compute_allowed(g, nullptr);
+            }
         } catch (...) {
             lock.lock();
             computing_.erase(key);
@@ -507,6 +620,18 @@ public:
 
 private:
     using Lru = std::list<std::pair<std::string, std::shared_ptr<const Allowed>>>;
+
+    // The threads that mask one state's levels together, started with the first whole mask
+    // (none without mask_workers). Under pool_mutex_.
+    TaskPool * mask_pool() {
+        if (mask_workers_ <= 0) {
+            return nullptr;
+        }
+        if (!mask_pool_) {
+            mask_pool_ = std::make_unique<TaskPool>(mask_workers_);
+        }
+        return mask_pool_.get();
+    }
 
     std::shared_ptr<const Allowed> find_locked(const std::string & key) {
         auto it = index_.find(key);
@@ -544,6 +669,9 @@ private:
     const size_t budget_;
     std::once_flag tree_once_;
     std::unique_ptr<TokenTree> tree_;
+    const int32_t mask_workers_;
+    std::mutex pool_mutex_;
+    std::unique_ptr<TaskPool> mask_pool_;
 };
 
 struct RowGrammar {
@@ -604,8 +732,8 @@ void CompiledGrammarDeleter::operator()(llama_grammar * g) const { llama_grammar
 void set_allowed_sets_enabled(bool on) { g_sets_enabled.store(on); }
 bool allowed_sets_enabled() { return g_sets_enabled.load(); }
 
-GrammarCache::GrammarCache(const llama_vocab * vocab)
-    : vocab_(vocab), sets_(std::make_shared<AllowedSets>(vocab, kAllowedSetsBudget)) {}
+GrammarCache::GrammarCache(const llama_vocab * vocab, int32_t mask_workers)
+    : vocab_(vocab), sets_(std::make_shared<AllowedSets>(vocab, kAllowedSetsBudget, mask_workers)) {}
 GrammarCache::~GrammarCache() = default;
 
 GrammarPtr GrammarCache::make(const GenerateParams & params) {
@@ -742,7 +870,22 @@ llama_token sample_constrained(llama_sampler * chain, RowGrammar & rg, const Gen
     size_t n_allowed = 0;
     const bool best_few = !has_penalties(p) && (p.temperature <= 0.0f || p.top_k > 0);
     const size_t need = p.temperature <= 0.0f ? 1 : static_cast<size_t>(std::max(p.top_k, 1));
-    if (set && set->n_allowed <= kListed) {
+    const size_t head = std::max(kFirstChecked, 4 * need);
+    if (!set && best_few && n > head + need) {
+        // The chain keeps the `need` best allowed tokens: once that many of the best
+        // candidates are allowed, the rest of the row cannot change its choice. So the
+        // grammar masks the `head` best first (found without ranking the whole row); the
+        // state's set is computed (when sets are on) only if too few of them pass.
+        if (best_candidates(row, head, cur)) {
+            n_allowed = mask(grammar, nullptr, cur, 0, cur.size());
+        }
+    }
+    if (!set && keyed && n_allowed < need) {
+        whole_set();
+    }
+    if (n_allowed >= need && !set) {
+        // Chosen among the best candidates (ranked by best_candidates).
+    } else if (set && set->n_allowed <= kListed) {
         // Few allowed tokens: the chain chooses among them alone, in token order, which is
         // what masking the whole row gives.
         cur.clear();
@@ -753,42 +896,58 @@ llama_token sample_constrained(llama_sampler * chain, RowGrammar & rg, const Gen
             }
         }
         n_allowed = cur.size();
+    } else if (set && p.temperature <= 0.0f && !has_penalties(p)) {
+        // Greedy: the largest allowed logit, the lowest id among equals (one pass).
+        llama_token best = -1;
+        float best_x = -INFINITY;
+        for (size_t t = 0; t < n; ++t) {
+            const float x = row.logits[t];  // a NaN is never larger
+            if (x > best_x && set->allows(static_cast<llama_token>(t))) {
+                best_x = x;
+                best = static_cast<llama_token>(t);
+            }
+        }
+        cur.clear();
+        if (best >= 0) {
+            cur.push_back(llama_token_data{best, best_x, 0.0f});
+        }
+        n_allowed = cur.size();
+    } else if (set) {
+        // Every allowed token, in token order: what masking the whole row leaves.
+        cur.clear();
+        for (size_t t = 0; t < n; ++t) {
+            const float x = logit_at(row, t);
+            if (x != -INFINITY && set->allows(static_cast<llama_token>(t))) {
+                cur.push_back(llama_token_data{static_cast<llama_token>(t), x, 0.0f});
+            }
+        }
+        n_allowed = cur.size();
     } else {
+        // No set (they are off, or the state has no key): the grammar masks the row.
         cur.resize(n);
         for (size_t t = 0; t < n; ++t) {
             cur[t] = llama_token_data{static_cast<llama_token>(t), logit_at(row, t), 0.0f};
         }
-        if (best_few && n > kFirstChecked + need) {
-            // The chain keeps the `need` best allowed tokens: once that many of the best
-            // candidates are allowed, the rest of the row cannot change its choice. So the
-            // best ones are checked first, in stages 16 times as large, until enough pass.
-            // Without a set, the grammar masks the first stage; the state's set is computed
-            // (when sets are on) only if that stage has too few.
+        n_allowed = 0;
+        way = ConstrainedWay::Whole;
+        if (best_few && n > head + need) {
+            // In stages 16 times as large, best first, until enough pass (the first stage
+            // again: it passed too few).
             size_t done = 0;
-            for (size_t head = std::max(kFirstChecked, 4 * need); done < n && n_allowed < need; head *= 16) {
-                if (done > 0 && !set && keyed) {
-                    whole_set();
-                }
-                const size_t end = std::min(n, head);
+            for (size_t end_ = head; done < n && n_allowed < need; end_ *= 16) {
+                const size_t end = std::min(n, end_);
                 std::nth_element(cur.begin() + static_cast<std::ptrdiff_t>(done),
                                  cur.begin() + static_cast<std::ptrdiff_t>(end - 1), cur.end(), better);
-                const size_t passed = mask(grammar, set.get(), cur, done, end);
+                const size_t passed = mask(grammar, nullptr, cur, done, end);
                 std::copy(cur.begin() + static_cast<std::ptrdiff_t>(done),
                           cur.begin() + static_cast<std::ptrdiff_t>(done + passed),
                           cur.begin() + static_cast<std::ptrdiff_t>(n_allowed));
                 n_allowed += passed;
-                if (done > 0 && !set) {
-                    way = end == n ? ConstrainedWay::Whole : ConstrainedWay::Wider;
-                }
+                way = end == n ? ConstrainedWay::Whole : ConstrainedWay::Wider;
                 done = end;
             }
         } else {
-            if (!set && keyed) {
-                whole_set();
-            } else if (!set) {
-                way = ConstrainedWay::Whole;
-            }
-            n_allowed = mask(grammar, set.get(), cur, 0, n);
+            n_allowed = mask(grammar, nullptr, cur, 0, n);
         }
     }
     if (n_allowed == 0) {
@@ -886,7 +1045,7 @@ GrammarCosts measure_grammar(const llama_vocab * vocab, const GenerateParams & p
 }
 
 MaskComparison compare_masks(const llama_vocab * vocab, const GenerateParams & params, int32_t steps,
-                             uint32_t seed) {
+                             uint32_t seed, int32_t workers) {
     const std::string text = constraint_grammar(params);
     std::unique_ptr<llama_grammar, CompiledGrammarDeleter> g(
         llama_grammar_init_impl(vocab, text.c_str(), "root", false, nullptr, 0, nullptr, 0));
@@ -895,12 +1054,13 @@ MaskComparison compare_masks(const llama_vocab * vocab, const GenerateParams & p
     }
     const TokenTree tree(vocab);
     const bool token_terminals = has_token_terminals(*g);
+    std::unique_ptr<TaskPool> pool = workers > 0 ? std::make_unique<TaskPool>(workers) : nullptr;
     std::mt19937 rng(seed);
     MaskComparison out;
     for (int32_t step = 0; step < steps; ++step) {
         const std::shared_ptr<const Allowed> whole = compute_allowed(*g, nullptr);
         if (tree_serves(*g, token_terminals)) {
-            const std::shared_ptr<const Allowed> pruned = compute_allowed(*g, &tree);
+            const std::shared_ptr<const Allowed> pruned = compute_allowed(*g, &tree, pool.get());
             ++out.n_compared;
             if (pruned->bits != whole->bits) {
                 ++out.n_differ;

@@ -53,7 +53,9 @@ class AllowedSets;
 // (docs/performance.md, "Structured output"). The copies share one AllowedSets.
 class GrammarCache {
 public:
-    explicit GrammarCache(const llama_vocab * vocab);
+    // mask_workers: threads besides the caller that compute one state's whole set together
+    // (StepPolicy::mask_workers); 0: the caller alone.
+    explicit GrammarCache(const llama_vocab * vocab, int32_t mask_workers = 0);
     ~GrammarCache();
     // A new grammar for `params` (constrained() must hold). Throws Error naming the reason
     // when the grammar does not compile; that failure is kept too.
@@ -127,14 +129,16 @@ struct GrammarCosts {
 
 // For the tests: walks `steps` tokens of `params`' constraint, each drawn at random (with
 // `seed`) among those the grammar allows, and at every state compares the whole mask
-// AllowedSets computes (TokenTree) with llama.cpp's mask of the whole vocabulary.
+// AllowedSets computes (TokenTree, on `workers` threads besides the caller) with
+// llama.cpp's mask of the whole vocabulary.
 struct MaskComparison {
     int32_t n_states = 0;    // states walked
     int32_t n_compared = 0;  // of them, states TokenTree serves
     int32_t n_differ = 0;    // of those, states where the two masks differ
     int32_t n_partial = 0;   // states with a partly decoded character (masked whole)
 };
-MaskComparison compare_masks(const llama_vocab * vocab, const GenerateParams & params, int32_t steps, uint32_t seed);
+MaskComparison compare_masks(const llama_vocab * vocab, const GenerateParams & params, int32_t steps, uint32_t seed,
+                             int32_t workers = 0);
 GrammarCosts measure_grammar(const llama_vocab * vocab, const GenerateParams & params,
                              const std::vector<llama_token> & tokens);
 

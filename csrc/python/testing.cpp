@@ -42,6 +42,7 @@ void register_step_plan(py::module_ & m) {
         .def_readwrite("last_prompt_token_alone", &StepPolicy::last_prompt_token_alone)
         .def_readwrite("max_decode_waits", &StepPolicy::max_decode_waits)
         .def_readwrite("split_rows", &StepPolicy::split_rows)
+        .def_readwrite("mask_workers", &StepPolicy::mask_workers)
         .def_readwrite("share_prefixes", &StepPolicy::share_prefixes)
         .def_property_readonly("pool_anticipate_us", [](const StepPolicy & p) { return p.pool.anticipate_us; })
         .def_property_readonly("pool_caller_spin_us", [](const StepPolicy & p) { return p.pool.caller_spin_us; });
@@ -279,11 +280,12 @@ PYBIND11_MODULE(_testing, m) {
         "What a json_schema or grammar constraint costs (core/structured.hpp, measure_grammar).");
     m.def(
         "compare_masks",
-        [](const std::shared_ptr<Model> & model, const GenerateParams & params, int32_t steps, uint32_t seed) {
+        [](const std::shared_ptr<Model> & model, const GenerateParams & params, int32_t steps, uint32_t seed,
+           int32_t workers) {
             MaskComparison c;
             {
                 py::gil_scoped_release released;
-                c = compare_masks(model->vocab(), params, steps, seed);
+                c = compare_masks(model->vocab(), params, steps, seed, workers);
             }
             py::dict d;
             d["n_states"] = c.n_states;
@@ -292,7 +294,7 @@ PYBIND11_MODULE(_testing, m) {
             d["n_partial"] = c.n_partial;
             return d;
         },
-        py::arg("model"), py::arg("params"), py::arg("steps"), py::arg("seed"),
+        py::arg("model"), py::arg("params"), py::arg("steps"), py::arg("seed"), py::arg("workers") = 0,
         "Whole masks of the allowed-token sets against llama.cpp's, along a random walk (core/structured.hpp).");
     m.def("set_allowed_sets", &set_allowed_sets_enabled, py::arg("on"),
           "Whether constrained rows share allowed-token sets by grammar state (on by default; read when\n"
