@@ -289,92 +289,116 @@ std::atomic<bool> g_sets_enabled{true};
 // allows a token it allows every prefix of that token's text that ends on a whole
 // character; conversely a refused prefix refuses every token that starts with it. A
 // token's parent is the longest other token its text starts with that decodes to whole
-// characters: tokens are masked level by level, parents first, and a token whose parent
-// was refused is refused unread. Most of a large vocabulary then goes unread in a state
-// that allows few tokens (after a key, in a number), where whole masks are needed.
-// Each token's text is decoded once, here: the grammar's own mask decodes every
-// candidate's text into a fresh vector at every call, about half of a whole mask's time
-// (an H200 host: 12 ms a whole mask of 152k tokens with this tree before, docs/internals.md).
+// characters: tokens are masked level by level, parents first, and only the children of
+// allowed tokens are read. The first level is read only for the first characters the
+// grammar allows, and those are found per class of characters that its rules cannot
+// tell apart (a few dozen classes, against 17,804 first characters in a 152k vocabulary).
+// So a state that allows few tokens (after a key, in a number: where whole masks are
+// needed) reads little of the vocabulary. Each token's text is decoded once, here: the
+// grammar's own mask decodes every candidate's text into a new vector at every call,
+// about half of a whole mask's time.
 struct TokenTree {
-    std::vector<std::vector<llama_token>> levels;  // tokens by depth: level 0 has no parent
-    std::vector<llama_token> parent;               // -1: none
-
     explicit TokenTree(const llama_vocab * vocab) {
         const int32_t n = llama_vocab_n_tokens(vocab);
-        std::vector<std::string> pieces(static_cast<size_t>(n));
-        std::vector<char> can_parent(static_cast<size_t>(n), 0), can_child(static_cast<size_t>(n), 0);
-        kind_.assign(static_cast<size_t>(n), Kind::Text);
-        first_.assign(static_cast<size_t>(n), 0);
-        partial_.assign(static_cast<size_t>(n), llama_partial_utf8{0, 0});
+        const auto at = [](llama_token t) { return static_cast<size_t>(t); };
+        std::vector<std::string> pieces(at(n));
+        std::vector<char> can_parent(at(n), 0), can_child(at(n), 0);
+        kind_.assign(at(n), Kind::Text);
+        first_.assign(at(n), 0);
+        partial_.assign(at(n), llama_partial_utf8{0, 0});
         for (llama_token t = 0; t < n; ++t) {
-            std::string & piece = pieces[static_cast<size_t>(t)];
+            std::string & piece = pieces[at(t)];
             piece = token_text(vocab, t);
             // As the grammar's mask reads it: end-of-generation tokens by their own rule, an
             // empty text or one that starts with NUL never allowed (a NUL ends decoding).
             if (llama_vocab_is_eog(vocab, t)) {
-                kind_[static_cast<size_t>(t)] = Kind::Eog;
+                kind_[at(t)] = Kind::Eog;
+                eog_.push_back(t);
             } else if (piece.empty() || piece[0] == '\0') {
-                kind_[static_cast<size_t>(t)] = Kind::Never;
+                kind_[at(t)] = Kind::Never;
             } else {
-                first_[static_cast<size_t>(t)] = static_cast<uint32_t>(points_.size());
-                partial_[static_cast<size_t>(t)] = decode(piece, points_);
+                first_[at(t)] = static_cast<uint32_t>(points_.size());
+                partial_[at(t)] = decode(piece, points_);
             }
-            if (kind_[static_cast<size_t>(t)] != Kind::Text || piece.find('\0') != std::string::npos) {
+            if (kind_[at(t)] != Kind::Text || piece.find('\0') != std::string::npos) {
                 continue;
             }
-            can_child[static_cast<size_t>(t)] = 1;
-            can_parent[static_cast<size_t>(t)] = whole_characters(piece) ? 1 : 0;
+            can_child[at(t)] = 1;
+            can_parent[at(t)] = whole_characters(piece) ? 1 : 0;
         }
         // In the order of their texts, every token that starts with another's text comes
         // after it, before any text that does not: a stack of the texts the current one
         // starts with (the longest on top) finds each parent in one pass.
         std::vector<llama_token> order;
-        order.reserve(static_cast<size_t>(n));
+        order.reserve(at(n));
         for (llama_token t = 0; t < n; ++t) {
-            if (can_child[static_cast<size_t>(t)] != 0) {
+            if (can_child[at(t)] != 0) {
                 order.push_back(t);
             }
         }
-        std::sort(order.begin(), order.end(), [&](llama_token x, llama_token y) {
-            return pieces[static_cast<size_t>(x)] < pieces[static_cast<size_t>(y)];
-        });
-        parent.assign(static_cast<size_t>(n), -1);
-        std::vector<int32_t> depth(static_cast<size_t>(n), 0);
+        std::sort(order.begin(), order.end(),
+                  [&](llama_token x, llama_token y) { return pieces[at(x)] < pieces[at(y)]; });
+        std::vector<llama_token> parent(at(n), -1);
         std::vector<llama_token> above;
         for (const llama_token t : order) {
-            const std::string_view text = pieces[static_cast<size_t>(t)];
+            const std::string_view text = pieces[at(t)];
             while (!above.empty()) {
-                const std::string_view up = pieces[static_cast<size_t>(above.back())];
+                const std::string_view up = pieces[at(above.back())];
                 if (up.size() < text.size() && text.compare(0, up.size(), up) == 0) {
                     break;
                 }
                 above.pop_back();
             }
             if (!above.empty()) {
-                parent[static_cast<size_t>(t)] = above.back();
-                depth[static_cast<size_t>(t)] = depth[static_cast<size_t>(above.back())] + 1;
+                parent[at(t)] = above.back();
             }
-            if (can_parent[static_cast<size_t>(t)] != 0) {
+            if (can_parent[at(t)] != 0) {
                 above.push_back(t);
             }
         }
-        int32_t max_depth = 0;
-        for (const int32_t d : depth) {
-            max_depth = std::max(max_depth, d);
-        }
-        levels.resize(static_cast<size_t>(max_depth) + 1);
+        // Children of each token, and the tokens without a parent by their first character.
+        children_start_.assign(at(n) + 1, 0);
         for (llama_token t = 0; t < n; ++t) {
-            if (kind_[static_cast<size_t>(t)] == Kind::Text) {
-                levels[static_cast<size_t>(depth[static_cast<size_t>(t)])].push_back(t);
-            } else if (kind_[static_cast<size_t>(t)] == Kind::Eog) {
-                eog_.push_back(t);
+            if (kind_[at(t)] == Kind::Text && parent[at(t)] >= 0) {
+                ++children_start_[at(parent[at(t)]) + 1];
             }
         }
+        for (size_t i = 0; i < at(n); ++i) {
+            children_start_[i + 1] += children_start_[i];
+        }
+        children_.resize(children_start_[at(n)]);
+        std::vector<uint32_t> fill(children_start_.begin(), children_start_.end() - 1);
+        for (llama_token t = 0; t < n; ++t) {
+            if (kind_[at(t)] == Kind::Text && parent[at(t)] >= 0) {
+                children_[fill[at(parent[at(t)])]++] = t;
+            }
+        }
+        std::vector<std::pair<uint32_t, llama_token>> roots;  // (first character, token)
+        for (llama_token t = 0; t < n; ++t) {
+            if (kind_[at(t)] != Kind::Text || parent[at(t)] >= 0) {
+                continue;
+            }
+            const uint32_t c = points_[first_[at(t)]];
+            if (c == 0) {
+                unlettered_.push_back(t);  // no whole first character: always read
+            } else {
+                roots.emplace_back(c, t);
+            }
+        }
+        std::sort(roots.begin(), roots.end());
+        for (const auto & [c, t] : roots) {
+            if (leads_.empty() || leads_.back() != c) {
+                leads_.push_back(c);
+                lead_start_.push_back(static_cast<uint32_t>(rooted_.size()));
+            }
+            rooted_.push_back(t);
+        }
+        lead_start_.push_back(static_cast<uint32_t>(rooted_.size()));
     }
 
     // The tokens `g` allows, as a mask of the whole vocabulary would find them (bit t of
     // `bits`). `g` must have no token terminals and no partly decoded character. With
-    // `pool`, each level's slices are masked on its threads.
+    // `pool`, large levels are masked in slices on its threads.
     void allowed(const llama_grammar & g, std::vector<uint64_t> & bits, TaskPool * pool = nullptr) const {
         const auto set = [&](llama_token t) {
             bits[static_cast<size_t>(t) / 64] |= uint64_t{1} << (static_cast<size_t>(t) % 64);
@@ -388,58 +412,114 @@ struct TokenTree {
                 set(t);
             }
         }
+        // The first characters allowed: every character element of the rules compares a
+        // character with its value, so characters between two consecutive values (or
+        // value + 1) are matched alike, and one of each such class, read alone, answers
+        // for the class.
+        std::vector<uint64_t> cuts;
+        for (const llama_grammar_rule & rule : g.rules) {
+            for (const llama_grammar_element & e : rule) {
+                if (e.type == LLAMA_GRETYPE_CHAR || e.type == LLAMA_GRETYPE_CHAR_NOT ||
+                    e.type == LLAMA_GRETYPE_CHAR_RNG_UPPER || e.type == LLAMA_GRETYPE_CHAR_ALT) {
+                    cuts.push_back(e.value);
+                    cuts.push_back(uint64_t{e.value} + 1);
+                }
+            }
+        }
+        std::sort(cuts.begin(), cuts.end());
+        cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+        std::vector<uint32_t> class_points;      // one character of each class met, then 0
+        std::vector<size_t> lead_class(leads_.size());
+        size_t cut = 0;
+        uint64_t class_end = 0;  // the current class holds characters below this
+        for (size_t i = 0; i < leads_.size(); ++i) {
+            if (class_points.empty() || leads_[i] >= class_end) {
+                while (cut < cuts.size() && cuts[cut] <= leads_[i]) {
+                    ++cut;
+                }
+                class_end = cut < cuts.size() ? cuts[cut] : UINT64_MAX;
+                class_points.push_back(leads_[i]);
+                class_points.push_back(0);
+            }
+            lead_class[i] = class_points.size() / 2 - 1;
+        }
         llama_grammar_candidates cur;
+        for (size_t k = 0; k < class_points.size() / 2; ++k) {
+            cur.push_back(llama_grammar_candidate{k, class_points.data() + 2 * k, llama_partial_utf8{0, 0}, -1});
+        }
         std::vector<char> passed;
-        for (size_t d = 0; d < levels.size(); ++d) {
-            cur.clear();
-            for (const llama_token t : levels[d]) {
-                const llama_token up = parent[static_cast<size_t>(t)];
-                if (up < 0 || ((bits[static_cast<size_t>(up) / 64] >> (static_cast<size_t>(up) % 64)) & 1U) != 0) {
-                    // `index`: the candidate's place in `cur`
-                    cur.push_back(llama_grammar_candidate{cur.size(), points_.data() + first_[static_cast<size_t>(t)],
-                                                          partial_[static_cast<size_t>(t)], t});
+        reject(g, cur, passed, pool);
+        // The first level: tokens without a parent whose first character is allowed.
+        cur.clear();
+        const auto add = [&](llama_token t) {
+            // `index`: the candidate's place in `cur`
+            cur.push_back(llama_grammar_candidate{cur.size(), points_.data() + first_[static_cast<size_t>(t)],
+                                                  partial_[static_cast<size_t>(t)], t});
+        };
+        for (size_t i = 0; i < leads_.size(); ++i) {
+            if (passed[lead_class[i]] != 0) {
+                for (uint32_t j = lead_start_[i]; j < lead_start_[i + 1]; ++j) {
+                    add(rooted_[j]);
                 }
             }
-            if (cur.empty()) {
-                break;  // no level below has a parent left
-            }
-            // What llama_grammar_reject_candidates does: a candidate is refused when every
-            // stack refuses it, so each stack reads only those the stacks before it refused.
-            // In slices, which keeps the rejection's working vectors small and spreads a
-            // level over the pool's threads.
-            passed.assign(cur.size(), 1);
-            const auto one = [&](size_t i) {
-                const size_t from = i * kSlice;
-                const size_t to = std::min(cur.size(), from + kSlice);
-                llama_grammar_candidates slice(cur.begin() + static_cast<std::ptrdiff_t>(from),
-                                               cur.begin() + static_cast<std::ptrdiff_t>(to));
-                for (const llama_grammar_stack & stack : g.stacks) {
-                    slice = llama_grammar_reject_candidates_for_stack(g.rules, stack, slice);
-                    if (slice.empty()) {
-                        break;
-                    }
-                }
-                for (const llama_grammar_candidate & c : slice) {
-                    passed[c.index] = 0;
-                }
-            };
-            const size_t n_slices = (cur.size() + kSlice - 1) / kSlice;
-            if (pool != nullptr && n_slices > 1) {
-                pool->run(n_slices, one);
-            } else {
-                for (size_t i = 0; i < n_slices; ++i) {
-                    one(i);
-                }
-            }
+        }
+        for (const llama_token t : unlettered_) {
+            add(t);
+        }
+        // Level after level: the children of the tokens allowed in the one before.
+        llama_grammar_candidates next;
+        while (!cur.empty()) {
+            reject(g, cur, passed, pool);
+            next.clear();
             for (size_t i = 0; i < cur.size(); ++i) {
-                if (passed[i] != 0) {
-                    set(cur[i].id);
+                if (passed[i] == 0) {
+                    continue;
+                }
+                const llama_token t = cur[i].id;
+                set(t);
+                for (uint32_t j = children_start_[static_cast<size_t>(t)]; j < children_start_[static_cast<size_t>(t) + 1]; ++j) {
+                    const llama_token c = children_[j];
+                    next.push_back(llama_grammar_candidate{next.size(), points_.data() + first_[static_cast<size_t>(c)],
+                                                           partial_[static_cast<size_t>(c)], c});
                 }
             }
+            cur.swap(next);
         }
     }
 
 private:
+    // passed[i]: whether `g` allows candidate i of `cur` (whose `index` is i). What
+    // llama_grammar_reject_candidates does: a candidate is refused when every stack refuses
+    // it, so each stack reads only those the stacks before it refused. In slices, which
+    // keeps the rejection's working vectors small and spreads `cur` over the pool's threads.
+    static void reject(const llama_grammar & g, const llama_grammar_candidates & cur, std::vector<char> & passed,
+                       TaskPool * pool) {
+        passed.assign(cur.size(), 1);
+        const auto one = [&](size_t i) {
+            const size_t from = i * kSlice;
+            const size_t to = std::min(cur.size(), from + kSlice);
+            llama_grammar_candidates slice(cur.begin() + static_cast<std::ptrdiff_t>(from),
+                                           cur.begin() + static_cast<std::ptrdiff_t>(to));
+            for (const llama_grammar_stack & stack : g.stacks) {
+                slice = llama_grammar_reject_candidates_for_stack(g.rules, stack, slice);
+                if (slice.empty()) {
+                    break;
+                }
+            }
+            for (const llama_grammar_candidate & c : slice) {
+                passed[c.index] = 0;
+            }
+        };
+        const size_t n_slices = (cur.size() + kSlice - 1) / kSlice;
+        if (pool != nullptr && n_slices > 1) {
+            pool->run(n_slices, one);
+        } else {
+            for (size_t i = 0; i < n_slices; ++i) {
+                one(i);
+            }
+        }
+    }
+
     enum class Kind : uint8_t { Text, Eog, Never };
     static constexpr size_t kSlice = 4096;
 
@@ -448,6 +528,12 @@ private:
     std::vector<uint32_t> first_;   // where a token's list starts in points_
     std::vector<llama_partial_utf8> partial_;  // a character its text leaves unfinished
     std::vector<llama_token> eog_;
+    std::vector<uint32_t> children_start_;  // token t's children: children_[start[t], start[t + 1])
+    std::vector<llama_token> children_;
+    std::vector<uint32_t> leads_;        // the first characters of tokens without a parent, in order
+    std::vector<uint32_t> lead_start_;   // leads_[i]'s tokens: rooted_[start[i], start[i + 1])
+    std::vector<llama_token> rooted_;
+    std::vector<llama_token> unlettered_;  // tokens without a parent or a whole first character
 
     static std::string token_text(const llama_vocab * vocab, llama_token t) {
         // The text the grammar's mask reads: special tokens as text, no space stripped.
