@@ -4,13 +4,14 @@
 32 extraction prompts (chat), one 5-field JSON schema (a string enum, an integer with
 bounds, a string with maxLength, a boolean, an array of strings), the default model on the
 CPU at 8 and 32 slots; generation tokens/s constrained over unconstrained (bar: >= 0.8).
-Each slot count alternates unconstrained and constrained runs (--repeats of each) on one
-context and keeps each kind's best run; the first constrained call (cold: `ratio`) is kept
-apart from the later ones (warm: `ratio_warm`, the context kept the compiled schema and its
-allowed-token sets). The unconstrained runs generate --max-tokens each (ignore_eos on a GPU),
-a lockstep load; `ratio_matched` and `ratio_matched_warm` compare against the same prompts
-unconstrained, each generating as many tokens as its constrained output did (the same work
-in the same shape: slots refilled as outputs of different lengths end). Also what the
+Each slot count is measured --repeats times, each time on a new context, in this order:
+unconstrained, the context's first constrained call (cold: `ratio`, the schema compiled and
+its allowed-token sets computed as they are needed), a second one (warm: `ratio_warm`, the
+context kept both), and the matched load; each ratio is the median of the repetitions'. The
+unconstrained runs generate --max-tokens each (ignore_eos on a GPU), a lockstep load;
+`ratio_matched` and `ratio_matched_warm` compare against the same prompts unconstrained,
+each generating as many tokens as its constrained output did (the same work in the same
+shape: slots refilled as outputs of different lengths end). Also what the
 constraint costs alone (fastpar._testing.measure_grammar).
 
     python bench/bench_structured.py [--out bench/results/cpu-x86_64-2core-structured.json]
@@ -28,6 +29,7 @@ import json
 import os
 import pathlib
 import platform
+import statistics
 import subprocess
 import sys
 import time
@@ -69,10 +71,10 @@ def main() -> int:
     ap.add_argument("--slots", default=None, help="comma-separated slot counts (default 8,32; --gpu 256)")
     ap.add_argument("--prompts", type=int, default=32)
     ap.add_argument("--max-tokens", type=int, default=96)
-    ap.add_argument("--repeats", type=int, default=2,
-                    help="runs of each kind per slot count; the best counts, except that the context's first "
-                         "constrained call (cold: no compiled schema, no allowed-token sets) is kept apart "
-                         "from the later ones (warm: the context keeps both)")
+    ap.add_argument("--repeats", type=int, default=3,
+                    help="repetitions per slot count, each on a new context: unconstrained, its first constrained "
+                         "call (cold: no compiled schema, no allowed-token sets), a second one (warm: the context "
+                         "keeps both), and the matched unconstrained load; medians are reported")
     ap.add_argument("--out", default=None, help="write the results as JSON here")
     ap.add_argument("--without-sets", action="store_true",
                     help="also run constrained with the shared allowed-token sets off (as before they existed)")
@@ -111,53 +113,58 @@ def main() -> int:
                "n_vocab": model._model.n_vocab, "prompts": args.prompts, "max_tokens": args.max_tokens,
                "grammar_costs_ms": {k: round(v, 4) for k, v in costs.items()}, "runs": []}
     print("grammar costs:", results["grammar_costs_ms"])
-    for n in slots:
-        ctx = fastpar.Context(model, n_parallel=n, n_ctx_per_seq=512)
-        run(ctx, ps[: min(n, len(ps))], plain)  # warm-up
-        best = {}
-        kinds = [("unconstrained", plain, True), ("constrained", constrained, True)]
-        if args.without_sets:
-            kinds.append(("constrained_without_sets", constrained, False))
-        lengths = None
-        for kind, p, sets in kinds * args.repeats:
-            _testing.set_allowed_sets(sets)
-            r = run(ctx, ps, p)
-            lengths = r.pop("lengths") if kind == "constrained" else lengths
-            r.pop("lengths", None)
-            if kind == "constrained" and "constrained" in best:
-                kind = "constrained_warm"
-            if kind not in best or r["gen_tokens_per_s"] > best[kind]["gen_tokens_per_s"]:
-                best[kind] = r
-        _testing.set_allowed_sets(True)
+    def matched_params(lengths):
         # The same prompts unconstrained, each generating as many tokens as its constrained
         # output did: the same work in the same shape (outputs of different lengths make
         # continuous batching refill slots as they end), so the ratio is the constraint's cost.
+        out = []
+        for n_tokens in lengths:
+            m = _core.GenerateParams()
+            for name in ("temperature", "seed"):
+                setattr(m, name, getattr(plain, name))
+            m.max_tokens, m.ignore_eos = max(1, n_tokens), True
+            out.append(m)
+        return out
+
+    def ratio(a, b):
+        return round(a["gen_tokens_per_s"] / b["gen_tokens_per_s"], 3)
+
+    for n in slots:
+        reps = []
         for _ in range(args.repeats):
-            matched = []
-            for n_tokens in lengths:
-                m = _core.GenerateParams()
-                for name in ("temperature", "seed"):
-                    setattr(m, name, getattr(plain, name))
-                m.max_tokens, m.ignore_eos = max(1, n_tokens), True
-                matched.append(m)
-            r = run(ctx, ps, matched)
-            r.pop("lengths")
-            if "unconstrained_matched" not in best or r["gen_tokens_per_s"] > best["unconstrained_matched"]["gen_tokens_per_s"]:
-                best["unconstrained_matched"] = r
-        ratio = best["constrained"]["gen_tokens_per_s"] / best["unconstrained"]["gen_tokens_per_s"]
-        row = {"slots": n, **best, "ratio": round(ratio, 3)}
-        if "constrained_warm" in best:
-            row["ratio_warm"] = round(best["constrained_warm"]["gen_tokens_per_s"] /
-                                      best["unconstrained"]["gen_tokens_per_s"], 3)
-        matched = best["unconstrained_matched"]["gen_tokens_per_s"]
-        row["ratio_matched"] = round(best["constrained"]["gen_tokens_per_s"] / matched, 3)
-        if "constrained_warm" in best:
-            row["ratio_matched_warm"] = round(best["constrained_warm"]["gen_tokens_per_s"] / matched, 3)
-        if args.without_sets:
-            row["ratio_without_sets"] = round(best["constrained_without_sets"]["gen_tokens_per_s"] /
-                                              best["unconstrained"]["gen_tokens_per_s"], 3)
+            # A new context each repetition: its first constrained call is cold (no compiled
+            # schema, no allowed-token sets), the next one warm (the context keeps both).
+            ctx = fastpar.Context(model, n_parallel=n, n_ctx_per_seq=512)
+            run(ctx, ps[: min(n, len(ps))], plain)  # warm-up
+            rep = {"unconstrained": run(ctx, ps, plain), "constrained": run(ctx, ps, constrained),
+                   "constrained_warm": run(ctx, ps, constrained)}
+            if args.without_sets:
+                _testing.set_allowed_sets(False)
+                try:
+                    rep["constrained_without_sets"] = run(ctx, ps, constrained)
+                finally:
+                    _testing.set_allowed_sets(True)
+            rep["unconstrained_matched"] = run(ctx, ps, matched_params(rep["constrained"]["lengths"]))
+            for r in rep.values():
+                r.pop("lengths")
+            rep["ratios"] = {"ratio": ratio(rep["constrained"], rep["unconstrained"]),
+                             "ratio_warm": ratio(rep["constrained_warm"], rep["unconstrained"]),
+                             "ratio_matched": ratio(rep["constrained"], rep["unconstrained_matched"]),
+                             "ratio_matched_warm": ratio(rep["constrained_warm"], rep["unconstrained_matched"])}
+            if args.without_sets:
+                rep["ratios"]["ratio_without_sets"] = ratio(rep["constrained_without_sets"], rep["unconstrained"])
+            print(json.dumps({"slots": n, **rep["ratios"]}), flush=True)
+            del ctx
+            reps.append(rep)
+        # Each kind's median run (by tokens/s); each ratio the median of the repetitions'.
+        row = {"slots": n, "repeats": len(reps)}
+        for kind in [k for k in reps[0] if k != "ratios"]:
+            row[kind] = sorted((r[kind] for r in reps), key=lambda x: x["gen_tokens_per_s"])[len(reps) // 2]
+        for key in reps[0]["ratios"]:
+            row[key] = statistics.median(r["ratios"][key] for r in reps)
+        row["ratios_by_repeat"] = [r["ratios"] for r in reps]
         results["runs"].append(row)
-        print(json.dumps(row))
+        print(json.dumps({k: v for k, v in row.items() if not isinstance(v, dict)}))
     if args.out:
         pathlib.Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
     return 0

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <atomic>
+#include <bitset>
 #include <condition_variable>
 #include <functional>
 #include <list>
@@ -635,14 +636,17 @@ std::shared_ptr<const Allowed> compute_allowed(const llama_grammar & g, const To
             }
         }
     }
-    for (size_t t = 0; t < static_cast<size_t>(n_vocab); ++t) {
-        out->n_allowed += (out->bits[t / 64] >> (t % 64)) & 1U;
+    // A word of 64 tokens at a time: most words of a set that lists its tokens are 0.
+    for (const uint64_t word : out->bits) {
+        out->n_allowed += std::bitset<64>(word).count();
     }
     if (out->n_allowed <= kListed) {
         out->ids.reserve(out->n_allowed);
-        for (size_t t = 0; t < static_cast<size_t>(n_vocab); ++t) {
-            if (((out->bits[t / 64] >> (t % 64)) & 1U) != 0) {
-                out->ids.push_back(static_cast<llama_token>(t));
+        for (size_t w = 0; w < out->bits.size(); ++w) {
+            for (size_t b = 0; b < 64 && out->bits[w] >> b != 0; ++b) {
+                if (((out->bits[w] >> b) & 1U) != 0) {
+                    out->ids.push_back(static_cast<llama_token>(w * 64 + b));
+                }
             }
         }
     }
