@@ -321,6 +321,12 @@ struct TokenTree {
                 first_[at(t)] = static_cast<uint32_t>(points_.size());
                 partial_[at(t)] = decode(piece, points_);
             }
+            if (kind_[at(t)] == Kind::Text && (static_cast<uint8_t>(piece[0]) >> 6) == 2) {
+                // Starts with a continuation byte: what can follow a partly decoded character.
+                continued_.push_back(t);
+                continued_start_.push_back(static_cast<uint32_t>(continued_bytes_.size()));
+                continued_bytes_ += piece;
+            }
             if (kind_[at(t)] != Kind::Text || piece.find('\0') != std::string::npos) {
                 continue;
             }
@@ -395,11 +401,12 @@ struct TokenTree {
             rooted_.push_back(t);
         }
         lead_start_.push_back(static_cast<uint32_t>(rooted_.size()));
+        continued_start_.push_back(static_cast<uint32_t>(continued_bytes_.size()));
     }
 
     // The tokens `g` allows, as a mask of the whole vocabulary would find them (bit t of
-    // `bits`). `g` must have no token terminals and no partly decoded character. With
-    // `pool`, large levels are masked in slices on its threads.
+    // `bits`). `g` must have no token terminals (tree_serves). With `pool`, large levels
+    // are masked in slices on its threads.
     void allowed(const llama_grammar & g, std::vector<uint64_t> & bits, TaskPool * pool = nullptr) const {
         const auto set = [&](llama_token t) {
             bits[static_cast<size_t>(t) / 64] |= uint64_t{1} << (static_cast<size_t>(t) % 64);
@@ -412,6 +419,32 @@ struct TokenTree {
             for (const llama_token t : eog_) {
                 set(t);
             }
+        }
+        if (g.partial_utf8.n_remain > 0) {
+            // A partly decoded character: a token whose text does not start with a
+            // continuation byte is invalid there, so only those that do are read, each
+            // decoded from the partial character.
+            std::vector<uint32_t> points;
+            std::vector<size_t> first(continued_.size());
+            std::vector<llama_partial_utf8> partial(continued_.size());
+            for (size_t i = 0; i < continued_.size(); ++i) {
+                first[i] = points.size();
+                const std::string_view text(continued_bytes_.data() + continued_start_[i],
+                                            continued_start_[i + 1] - continued_start_[i]);
+                partial[i] = decode(text, points, g.partial_utf8);
+            }
+            llama_grammar_candidates cur;
+            for (size_t i = 0; i < continued_.size(); ++i) {
+                cur.push_back(llama_grammar_candidate{i, points.data() + first[i], partial[i], continued_[i]});
+            }
+            std::vector<char> passed;
+            reject(g, cur, passed, pool);
+            for (size_t i = 0; i < cur.size(); ++i) {
+                if (passed[i] != 0) {
+                    set(cur[i].id);
+                }
+            }
+            return;
         }
         // The first characters allowed: every character element of the rules compares a
         // character with its value, so characters between two consecutive values (or
@@ -535,6 +568,9 @@ private:
     std::vector<uint32_t> lead_start_;   // leads_[i]'s tokens: rooted_[start[i], start[i + 1])
     std::vector<llama_token> rooted_;
     std::vector<llama_token> unlettered_;  // tokens without a parent or a whole first character
+    std::vector<llama_token> continued_;   // tokens whose text starts with a continuation byte
+    std::vector<uint32_t> continued_start_;  // continued_[i]'s text: continued_bytes_[start[i], start[i + 1])
+    std::string continued_bytes_;
 
     static std::string token_text(const llama_vocab * vocab, llama_token t) {
         // The text the grammar's mask reads: special tokens as text, no space stripped.
@@ -548,18 +584,34 @@ private:
         return out;
     }
 
-    // Appends the code points the grammar reads in `s` from a fresh start, then a 0, and
-    // returns the character left unfinished at its end. The grammar's rules of reading
+    // Appends the code points the grammar reads in `s` after `from` (a character the text
+    // before left unfinished, none by default), then a 0, and returns the character left
+    // unfinished at its end. The grammar's rules of reading
     // (llama-grammar.cpp): a lead byte's top four bits give the sequence's length and the
     // bytes that follow are taken whatever they are; a continuation byte where a character
     // should start makes the text invalid (no code points, n_remain -1, never allowed); a
     // NUL ends the text.
-    static llama_partial_utf8 decode(std::string_view s, std::vector<uint32_t> & out) {
+    static llama_partial_utf8 decode(std::string_view s, std::vector<uint32_t> & out,
+                                     llama_partial_utf8 from = llama_partial_utf8{0, 0}) {
         static const int length[16] = {1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 2, 2, 3, 4};
         const size_t start = out.size();
-        uint32_t value = 0;
-        int n_remain = 0;
+        uint32_t value = from.value;
+        int n_remain = from.n_remain;
         size_t i = 0;
+        // A character the text before left unfinished: continuation bytes finish it.
+        while (i < s.size() && s[i] != '\0' && n_remain > 0) {
+            const auto next = static_cast<uint8_t>(s[i]);
+            if ((next >> 6) != 2) {
+                out.push_back(0);
+                return llama_partial_utf8{0, -1};
+            }
+            value = (value << 6) + (next & 0x3FU);
+            ++i;
+            --n_remain;
+        }
+        if (from.n_remain > 0 && n_remain == 0) {
+            out.push_back(value);
+        }
         while (i < s.size() && s[i] != '\0') {
             const auto lead = static_cast<uint8_t>(s[i]);
             n_remain = length[lead >> 4] - 1;
@@ -602,7 +654,7 @@ private:
 
 // Whether TokenTree::allowed may mask for `g`'s current state.
 bool tree_serves(const llama_grammar & g, bool token_terminals) {
-    return !token_terminals && !g.awaiting_trigger && g.partial_utf8.n_remain == 0;
+    return !token_terminals && !g.awaiting_trigger && g.partial_utf8.n_remain >= 0;
 }
 
 bool has_token_terminals(const llama_grammar & g) {

@@ -135,7 +135,7 @@ struct MaskComparison {
     int32_t n_states = 0;    // states walked
     int32_t n_compared = 0;  // of them, states TokenTree serves
     int32_t n_differ = 0;    // of those, states where the two masks differ
-    int32_t n_partial = 0;   // states with a partly decoded character (masked whole)
+    int32_t n_partial = 0;   // of them, states with a partly decoded character
 };
 MaskComparison compare_masks(const llama_vocab * vocab, const GenerateParams & params, int32_t steps, uint32_t seed,
                              int32_t workers = 0);
