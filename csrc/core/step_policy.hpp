@@ -42,7 +42,7 @@ struct StepPolicy {
     // after the single tokens of higher seq_ids), and llama.cpp puts them back in batch
     // order by swapping whole rows of the vocabulary's width, up to one swap a row (four
     // arrays a row with device sampling), single-threaded: on a GPU with 256 slots and
-    // outputs of different lengths, more time than the decodes (docs/performance.md).
+    // outputs of different lengths, more time than the decodes (docs/internals.md).
     bool last_prompt_token_alone = false;
     // Fewer than kMinPooled whole rows may have their first pass split over the pool's
     // threads (token_chooser.hpp): rows a GPU has just copied out, read from memory.

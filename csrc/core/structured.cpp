@@ -386,6 +386,9 @@ struct TokenTree {
                 continue;
             }
             const uint32_t c = points_[first_[at(t)]];
+            if (c == 0 && partial_[at(t)].n_remain < 0) {
+                continue;  // invalid from a fresh start (a continuation byte first): never allowed there
+            }
             if (c == 0) {
                 unlettered_.push_back(t);  // no whole first character: always read
             } else {
