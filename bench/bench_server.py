@@ -14,6 +14,11 @@ Workloads (CPU): W1 the speed model (Qwen3-0.6B shape, Q4_K_M), 8 users, 32-toke
 model, chat messages of mixed lengths (16-400 tokens) and answers (8-96 tokens), 8 users.
 --gpu: every layer on the GPU, the speed model with 64 and 256 users (as many slots).
 
+The workloads of one prompt length and one answer length also get a ceiling: raw llama.cpp
+(llama-batched-bench, same build, model, threads and slots) decoding one lockstep wave of
+that shape, with no requests arriving, no HTTP and no tokenizing: what a server built on
+llama.cpp's decode can approach, not pass.
+
     python bench/bench_server.py                 # CPU -> bench/results/cpu-<arch>-<n>core-server.md
     python bench/bench_server.py --gpu           # GPU -> bench/results/gpu-<name>-server.md
 
@@ -203,6 +208,21 @@ def workloads(names: list, default_model, speed: fastpar.Model, gpu: bool) -> li
     return out
 
 
+# (prompt tokens, new tokens) of the workloads with one shape: their raw llama.cpp ceiling.
+RAW = "raw llama.cpp, one lockstep wave (ceiling)"
+LOCKSTEP = {"W1": (32, 50), "W4": (64, 4), "G-np64": (32, 50), "G-np256": (32, 50)}
+
+
+def lockstep_ceiling(tools: dict, path: str, users: int, shape: tuple, reps: int, threads: int) -> dict:
+    """Raw llama.cpp decoding `users` sequences of `shape` at once, `reps` times: the median run."""
+    pl, gl = shape
+    runs = bench_run.batched_bench(tools["llama-batched-bench"], path, users, pl, gl, reps, threads, bench_run.Target.gpu)
+    walls = sorted(t for _, _, t in runs)
+    gen = [users * gl / t for t in walls]
+    t = walls[len(walls) // 2]
+    return dict(gen_s=users * gl / t, tot_s=users * (pl + gl) / t, all=sorted(gen))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--gpu", action="store_true", help="a CUDA build, every layer on the GPU, 64 and 256 users")
@@ -271,6 +291,8 @@ def main() -> int:
                                 p50=percentile(med["ttfts"], 0.5), p99=percentile(med["ttfts"], 0.99),
                                 all=[r["gen"] / r["wall"] for r in rs])
         best_llama = max((w for w in summary if w.startswith("llama-server")), key=lambda w: summary[w]["gen_s"])
+        if name in LOCKSTEP:
+            summary[RAW] = lockstep_ceiling(tools, path, users, LOCKSTEP[name], args.reps, args.threads)
         for who, s in summary.items():
             rows.append((name, users, len(reqs), who, s, s["gen_s"] / summary[best_llama]["gen_s"],
                          summary["fastpar serve"]["gen_s"] / summary["Engine in-process"]["gen_s"]
@@ -287,13 +309,16 @@ def main() -> int:
              "Users send their next request when the last ends (async openai client, streamed, ignore_eos); "
              "slots = users. Median of the repetitions by generated tokens/s; TTFT = send to first text. "
              "x llama-server: against llama-server's best setting (marked *). "
-             "HTTP / in-process: fastpar serve against the Engine in the bench process on the same load.", "",
+             "HTTP / in-process: fastpar serve against the Engine in the bench process on the same load. "
+             "Ceiling: raw llama.cpp (llama-batched-bench) decoding all the slots' prompts and answers of the "
+             "workload's shape as one lockstep wave, median of as many runs.", "",
              "| workload | users | requests | server | gen tok/s | total tok/s | TTFT p50 ms | TTFT p99 ms "
              "| x llama-server | HTTP / in-process | runs (gen tok/s) |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, users, n_req, who, s, ratio, http_ratio, best in rows:
+        ttft = "| | |" if who == RAW else f"| {s['p50'] * 1000:.0f} | {s['p99'] * 1000:.0f} |"
         lines.append(f"| {name} | {users} | {n_req} | {who}{' *' if best else ''} | {s['gen_s']:.1f} | "
-                     f"{s['tot_s']:.1f} | {s['p50'] * 1000:.0f} | {s['p99'] * 1000:.0f} | {ratio:.2f} | "
+                     f"{s['tot_s']:.1f} {ttft} {ratio:.2f} | "
                      f"{'' if http_ratio is None else f'{http_ratio:.2f}'} | "
                      f"{', '.join(f'{x:.1f}' for x in s['all'])} |")
     lines += [""] + [f"* {n}" for n in notes]

@@ -28,6 +28,18 @@ def run(ctx, prompts, p):
     return [(c.text, c.finish_reason, list(c.token_ids)) for c in out], counts(ctx.last_stats)
 
 
+def with_and_without_sets(ctx, prompts, p):
+    """run() with the allowed-token sets on, then off: (outputs, counts) of each."""
+    assert _testing.allowed_sets()
+    on = run(ctx, prompts, p)
+    _testing.set_allowed_sets(False)
+    try:
+        off = run(ctx, prompts, p)
+    finally:
+        _testing.set_allowed_sets(True)
+    return on, off
+
+
 # top_k=0: a refused token needs a whole mask (no staged search), so refusals go through the sets.
 CASES = {
     "greedy": dict(temperature=0.0),
@@ -40,13 +52,7 @@ CASES = {
 def test_outputs_equal_without_sets(ctx, case):
     prompts = [chat(f"Ticket: {TICKETS[i % len(TICKETS)]} (#{i}). Answer as JSON.") for i in range(8)]
     p = params(max_tokens=28, json_schema=json.dumps(TICKET_SCHEMA), **CASES[case])
-    assert _testing.allowed_sets()
-    with_sets, used = run(ctx, prompts, p)
-    _testing.set_allowed_sets(False)
-    try:
-        without, plain = run(ctx, prompts, p)
-    finally:
-        _testing.set_allowed_sets(True)
+    (with_sets, used), (without, plain) = with_and_without_sets(ctx, prompts, p)
     assert with_sets == without
     assert used["kept"] == plain["kept"]  # the chain's own choices were checked alike
     assert plain["cached"] == 0
@@ -65,12 +71,7 @@ def test_greedy_refusals_read_large_sets(ctx):
     prompts = [chat(f"Describe ticket #{i} in detail: {TICKETS[i % len(TICKETS)]}") for i in range(8)]
     run(ctx, prompts, params(max_tokens=8, temperature=1.3, top_k=0, top_p=1.0, seed=5, grammar=g))
     greedy = params(max_tokens=40, temperature=0.0, grammar=g)
-    with_sets, used = run(ctx, prompts, greedy)
-    _testing.set_allowed_sets(False)
-    try:
-        without, plain = run(ctx, prompts, greedy)
-    finally:
-        _testing.set_allowed_sets(True)
+    (with_sets, used), (without, plain) = with_and_without_sets(ctx, prompts, greedy)
     assert with_sets == without
     assert all("e" not in text.lower() for text, _, _ in with_sets)
     assert used["cached"] > 0 and plain["cached"] == 0
