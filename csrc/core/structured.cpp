@@ -331,7 +331,7 @@ struct TokenTree {
                 continue;
             }
             can_child[at(t)] = 1;
-            can_parent[at(t)] = whole_characters(piece) ? 1 : 0;
+            can_parent[at(t)] = partial_[at(t)].n_remain == 0 ? 1 : 0;  // its text decodes to whole characters
         }
         // In the order of their texts, every token that starts with another's text comes
         // after it, before any text that does not: a stack of the texts the current one
@@ -636,22 +636,6 @@ private:
         }
         out.push_back(0);
         return llama_partial_utf8{value, n_remain};
-    }
-
-    // Whether `s` decodes to whole characters, read as the grammar reads a token's text from
-    // a fresh start: a lead byte's top four bits give the sequence's length (10xx is
-    // invalid), and that many bytes follow whatever they are.
-    static bool whole_characters(std::string_view s) {
-        static const int length[16] = {1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 2, 2, 3, 4};
-        size_t i = 0;
-        while (i < s.size()) {
-            const int len = length[static_cast<uint8_t>(s[i]) >> 4];
-            if (len == 0 || i + static_cast<size_t>(len) > s.size()) {
-                return false;
-            }
-            i += static_cast<size_t>(len);
-        }
-        return true;
     }
 };
 
