@@ -285,6 +285,25 @@ constexpr size_t kListed = 4096;
 
 std::atomic<bool> g_sets_enabled{true};
 
+// Where the characters a grammar's rules tell apart change: every character element compares
+// a character with its value, so characters between two consecutive cuts (each value and
+// value + 1) are matched alike. Sorted; a property of the rules, computed once per compilation.
+std::vector<uint64_t> char_cuts(const llama_grammar & g) {
+    std::vector<uint64_t> cuts;
+    for (const llama_grammar_rule & rule : g.rules) {
+        for (const llama_grammar_element & e : rule) {
+            if (e.type == LLAMA_GRETYPE_CHAR || e.type == LLAMA_GRETYPE_CHAR_NOT ||
+                e.type == LLAMA_GRETYPE_CHAR_RNG_UPPER || e.type == LLAMA_GRETYPE_CHAR_ALT) {
+                cuts.push_back(e.value);
+                cuts.push_back(uint64_t{e.value} + 1);
+            }
+        }
+    }
+    std::sort(cuts.begin(), cuts.end());
+    cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+    return cuts;
+}
+
 // The vocabulary arranged for masking it whole (TokenTree::allowed). A grammar without
 // token terminals (<[id]>) reads a token's text one character after another, so when it
 // allows a token it allows every prefix of that token's text that ends on a whole
@@ -408,9 +427,10 @@ struct TokenTree {
     }
 
     // The tokens `g` allows, as a mask of the whole vocabulary would find them (bit t of
-    // `bits`). `g` must have no token terminals (tree_serves). With `pool`, large levels
-    // are masked in slices on its threads.
-    void allowed(const llama_grammar & g, std::vector<uint64_t> & bits, TaskPool * pool = nullptr) const {
+    // `bits`). `g` must have no token terminals (tree_serves); `cuts` is char_cuts(g). With
+    // `pool`, large levels are masked in slices on its threads.
+    void allowed(const llama_grammar & g, const std::vector<uint64_t> & cuts, std::vector<uint64_t> & bits,
+                 TaskPool * pool = nullptr) const {
         const auto set = [&](llama_token t) {
             bits[static_cast<size_t>(t) / 64] |= uint64_t{1} << (static_cast<size_t>(t) % 64);
         };
@@ -449,39 +469,26 @@ struct TokenTree {
             }
             return;
         }
-        // The first characters allowed: every character element of the rules compares a
-        // character with its value, so characters between two consecutive values (or
-        // value + 1) are matched alike, and one of each such class, read alone, answers
-        // for the class.
-        std::vector<uint64_t> cuts;
-        for (const llama_grammar_rule & rule : g.rules) {
-            for (const llama_grammar_element & e : rule) {
-                if (e.type == LLAMA_GRETYPE_CHAR || e.type == LLAMA_GRETYPE_CHAR_NOT ||
-                    e.type == LLAMA_GRETYPE_CHAR_RNG_UPPER || e.type == LLAMA_GRETYPE_CHAR_ALT) {
-                    cuts.push_back(e.value);
-                    cuts.push_back(uint64_t{e.value} + 1);
-                }
+        // The first characters allowed: the first characters of tokens between two cuts
+        // form a class the rules match alike, and one of each class, read alone, answers
+        // for it. A class's tokens are one run of rooted_ (sorted by first character).
+        std::vector<uint32_t> class_points;    // one character of each class, then 0
+        std::vector<size_t> class_leads{0};  // class k: leads_[class_leads[k], class_leads[k + 1])
+        for (const uint64_t cut : cuts) {
+            const auto at = static_cast<size_t>(std::lower_bound(leads_.begin(), leads_.end(), cut) - leads_.begin());
+            if (at > class_leads.back()) {
+                class_leads.push_back(at);
             }
         }
-        std::sort(cuts.begin(), cuts.end());
-        cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
-        std::vector<uint32_t> class_points;      // one character of each class met, then 0
-        std::vector<size_t> lead_class(leads_.size());
-        size_t cut = 0;
-        uint64_t class_end = 0;  // the current class holds characters below this
-        for (size_t i = 0; i < leads_.size(); ++i) {
-            if (class_points.empty() || leads_[i] >= class_end) {
-                while (cut < cuts.size() && cuts[cut] <= leads_[i]) {
-                    ++cut;
-                }
-                class_end = cut < cuts.size() ? cuts[cut] : UINT64_MAX;
-                class_points.push_back(leads_[i]);
-                class_points.push_back(0);
-            }
-            lead_class[i] = class_points.size() / 2 - 1;
+        if (leads_.size() > class_leads.back()) {
+            class_leads.push_back(leads_.size());
         }
         llama_grammar_candidates cur;
-        for (size_t k = 0; k < class_points.size() / 2; ++k) {
+        for (size_t k = 0; k + 1 < class_leads.size(); ++k) {
+            class_points.push_back(leads_[class_leads[k]]);
+            class_points.push_back(0);
+        }
+        for (size_t k = 0; k + 1 < class_leads.size(); ++k) {
             cur.push_back(llama_grammar_candidate{k, class_points.data() + 2 * k, llama_partial_utf8{0, 0}, -1});
         }
         std::vector<char> passed;
@@ -493,9 +500,9 @@ struct TokenTree {
             cur.push_back(llama_grammar_candidate{cur.size(), points_.data() + first_[static_cast<size_t>(t)],
                                                   partial_[static_cast<size_t>(t)], t});
         };
-        for (size_t i = 0; i < leads_.size(); ++i) {
-            if (passed[lead_class[i]] != 0) {
-                for (uint32_t j = lead_start_[i]; j < lead_start_[i + 1]; ++j) {
+        for (size_t k = 0; k + 1 < class_leads.size(); ++k) {
+            if (passed[k] != 0) {
+                for (uint32_t j = lead_start_[class_leads[k]]; j < lead_start_[class_leads[k + 1]]; ++j) {
                     add(rooted_[j]);
                 }
             }
@@ -655,13 +662,15 @@ bool has_token_terminals(const llama_grammar & g) {
     return false;
 }
 
+// The set `g`'s state allows: with `tree` (and `cuts`, char_cuts(g)) when tree_serves,
+// otherwise with the grammar's own mask of the whole vocabulary.
 std::shared_ptr<const Allowed> compute_allowed(const llama_grammar & g, const TokenTree * tree,
-                                               TaskPool * pool = nullptr) {
+                                               const std::vector<uint64_t> * cuts, TaskPool * pool = nullptr) {
     const int32_t n_vocab = llama_vocab_n_tokens(g.vocab);
     auto out = std::make_shared<Allowed>();
     out->bits.assign((static_cast<size_t>(n_vocab) + 63) / 64, 0);
     if (tree != nullptr) {
-        tree->allowed(g, out->bits, pool);
+        tree->allowed(g, *cuts, out->bits, pool);
     } else {
         std::vector<llama_token_data> all(static_cast<size_t>(n_vocab));
         for (int32_t t = 0; t < n_vocab; ++t) {
@@ -712,7 +721,8 @@ public:
 
     // The set of `key`, computed from `g` once: a row that asks while another computes it
     // waits for that one (rows of one step often reach the same state together).
-    std::shared_ptr<const Allowed> get(const std::string & key, const llama_grammar & g, bool token_terminals) {
+    std::shared_ptr<const Allowed> get(const std::string & key, const llama_grammar & g, bool token_terminals,
+                                       const std::vector<uint64_t> & cuts) {
         std::unique_lock<std::mutex> lock(mutex_);
         for (;;) {
             if (auto found = find_locked(key)) {
@@ -730,9 +740,9 @@ public:
             if (tree_serves(g, token_terminals)) {
                 // On the mask pool when no other set is being computed on it.
                 std::unique_lock<std::mutex> pool_free(pool_mutex_, std::try_to_lock);
-                set = compute_allowed(g, &tree(), pool_free.owns_lock() ? mask_pool() : nullptr);
+                set = compute_allowed(g, &tree(), &cuts, pool_free.owns_lock() ? mask_pool() : nullptr);
             } else {
-                set = compute_allowed(g, nullptr);
+                set = compute_allowed(g, nullptr, nullptr);
             }
         } catch (...) {
             lock.lock();
@@ -808,6 +818,7 @@ struct RowGrammar {
     std::shared_ptr<AllowedSets> sets;  // null: every refusal masks with `g` alone
     uint32_t id = 0;                    // the compilation's part of the key
     bool token_terminals = false;       // its rules name tokens (<[id]>): no TokenTree
+    std::shared_ptr<const std::vector<uint64_t>> cuts;  // char_cuts of the compilation's rules
     // Where each rule's elements start, by address: stack entries point into this copy's
     // rules (a copy has rules of its own), so the key names them as (rule, offset).
     std::vector<std::pair<const llama_grammar_element *, uint32_t>> rule_starts;
@@ -880,6 +891,7 @@ GrammarPtr GrammarCache::make(const GenerateParams & params) {
         }
         if (e.compiled) {
             e.token_terminals = has_token_terminals(*e.compiled);
+            e.cuts = std::make_shared<const std::vector<uint64_t>>(char_cuts(*e.compiled));
         } else {
             e.error = std::string(params.grammar.empty() ? "the grammar converted from json_schema" : "grammar") +
                       " does not compile: it does not parse as GBNF, names an undefined rule, is left-recursive"
@@ -897,6 +909,7 @@ GrammarPtr GrammarCache::make(const GenerateParams & params) {
     }
     row->id = it->second.id;
     row->token_terminals = it->second.token_terminals;
+    row->cuts = it->second.cuts;
     if (allowed_sets_enabled()) {
         row->sets = sets_;
         for (size_t r = 0; r < row->g->rules.size(); ++r) {
@@ -991,7 +1004,7 @@ llama_token sample_constrained(llama_sampler * chain, RowGrammar & rg, const Gen
     way = set ? ConstrainedWay::Cached : ConstrainedWay::Top;
     // The state's set, computed now (a whole mask, once for every row that comes here).
     const auto whole_set = [&]() {
-        set = rg.sets->get(key, grammar, rg.token_terminals);
+        set = rg.sets->get(key, grammar, rg.token_terminals, *rg.cuts);
         way = ConstrainedWay::Whole;
     };
     // Mask, then let the chain choose among the allowed candidates.
@@ -1132,14 +1145,15 @@ GrammarCosts measure_grammar(const llama_vocab * vocab, const GenerateParams & p
     const TokenTree tree(vocab);
     c.tree_ms = ms(t0);
     const bool token_terminals = has_token_terminals(*walk);
+    const std::vector<uint64_t> cuts = char_cuts(*walk);
     std::vector<uint64_t> bits;
     for (size_t k = 0; k < tokens.size(); ++k) {
         t0 = clock::now();
         if (tree_serves(*walk, token_terminals)) {
             bits.assign((static_cast<size_t>(n_vocab) + 63) / 64, 0);
-            tree.allowed(*walk, bits);
+            tree.allowed(*walk, cuts, bits);
         } else {
-            std::shared_ptr<const Allowed> whole = compute_allowed(*walk, nullptr);
+            std::shared_ptr<const Allowed> whole = compute_allowed(*walk, nullptr, nullptr);
         }
         c.mask_tree_ms += ms(t0);
         for (int32_t t = 0; t < n_vocab; ++t) {
@@ -1183,13 +1197,14 @@ MaskComparison compare_masks(const llama_vocab * vocab, const GenerateParams & p
     }
     const TokenTree tree(vocab);
     const bool token_terminals = has_token_terminals(*g);
+    const std::vector<uint64_t> cuts = char_cuts(*g);
     std::unique_ptr<TaskPool> pool = workers > 0 ? std::make_unique<TaskPool>(workers) : nullptr;
     std::mt19937 rng(seed);
     MaskComparison out;
     for (int32_t step = 0; step < steps; ++step) {
-        const std::shared_ptr<const Allowed> whole = compute_allowed(*g, nullptr);
+        const std::shared_ptr<const Allowed> whole = compute_allowed(*g, nullptr, nullptr);
         if (tree_serves(*g, token_terminals)) {
-            const std::shared_ptr<const Allowed> pruned = compute_allowed(*g, &tree, pool.get());
+            const std::shared_ptr<const Allowed> pruned = compute_allowed(*g, &tree, &cuts, pool.get());
             ++out.n_compared;
             if (pruned->bits != whole->bits) {
                 ++out.n_differ;

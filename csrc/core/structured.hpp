@@ -67,6 +67,7 @@ private:
         std::string error;
         uint32_t id = 0;  // this compilation's part of AllowedSets' keys
         bool token_terminals = false;  // its rules name tokens (<[id]>)
+        std::shared_ptr<const std::vector<uint64_t>> cuts;  // the characters its rules tell apart
     };
     const llama_vocab * vocab_;
     std::unordered_map<std::string, Entry> entries_;
