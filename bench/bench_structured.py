@@ -11,8 +11,11 @@ context kept both), and the matched load; each ratio is the median of the repeti
 unconstrained runs generate --max-tokens each (ignore_eos on a GPU), a lockstep load;
 `ratio_matched` and `ratio_matched_warm` compare against the same prompts unconstrained,
 each generating as many tokens as its constrained output did (the same work in the same
-shape: slots refilled as outputs of different lengths end). Also what the
-constraint costs alone (fastpar._testing.measure_grammar).
+shape: slots refilled as outputs of different lengths end). `unconstrained_mean_length`:
+every prompt generating the constrained outputs' mean length, a lockstep load of the same
+work, which separates what refilling slots costs from what the constraint costs
+(`ratio_refilled`: matched over mean-length tokens/s). Also what the constraint costs alone
+(fastpar._testing.measure_grammar).
 
     python bench/bench_structured.py [--out bench/results/cpu-x86_64-2core-structured.json]
     python bench/bench_structured.py --gpu --model SPEED_MODEL.gguf --slots 256 --prompts 1024
@@ -144,13 +147,17 @@ def main() -> int:
                     rep["constrained_without_sets"] = run(ctx, ps, constrained)
                 finally:
                     _testing.set_allowed_sets(True)
-            rep["unconstrained_matched"] = run(ctx, ps, matched_params(rep["constrained"]["lengths"]))
+            lengths = rep["constrained"]["lengths"]
+            rep["unconstrained_matched"] = run(ctx, ps, matched_params(lengths))
+            mean = round(sum(lengths) / len(lengths))
+            rep["unconstrained_mean_length"] = run(ctx, ps, matched_params([mean] * len(lengths)))
             for r in rep.values():
                 r.pop("lengths")
             rep["ratios"] = {"ratio": ratio(rep["constrained"], rep["unconstrained"]),
                              "ratio_warm": ratio(rep["constrained_warm"], rep["unconstrained"]),
                              "ratio_matched": ratio(rep["constrained"], rep["unconstrained_matched"]),
-                             "ratio_matched_warm": ratio(rep["constrained_warm"], rep["unconstrained_matched"])}
+                             "ratio_matched_warm": ratio(rep["constrained_warm"], rep["unconstrained_matched"]),
+                             "ratio_refilled": ratio(rep["unconstrained_matched"], rep["unconstrained_mean_length"])}
             if args.without_sets:
                 rep["ratios"]["ratio_without_sets"] = ratio(rep["constrained_without_sets"], rep["unconstrained"])
             print(json.dumps({"slots": n, **rep["ratios"]}), flush=True)
