@@ -12,9 +12,10 @@ unconstrained runs generate --max-tokens each (ignore_eos on a GPU), a lockstep 
 `ratio_matched` and `ratio_matched_warm` compare against the same prompts unconstrained,
 each generating as many tokens as its constrained output did (the same work in the same
 shape: slots refilled as outputs of different lengths end). `unconstrained_mean_length`:
-every prompt generating the constrained outputs' mean length, a lockstep load of the same
-work, which separates what refilling slots costs from what the constraint costs
-(`ratio_refilled`: matched over mean-length tokens/s). Also what the constraint costs alone
+every prompt generating the constrained outputs' mean length, a lockstep load of about the
+same work, which separates what outputs of different lengths cost (slots refilled, or idle
+at the end, as outputs end) from what the constraint costs (`ratio_mixed_lengths`: matched
+over mean-length tokens/s). Also what the constraint costs alone
 (fastpar._testing.measure_grammar).
 
     python bench/bench_structured.py [--out bench/results/cpu-x86_64-2core-structured.json]
@@ -157,7 +158,7 @@ def main() -> int:
                              "ratio_warm": ratio(rep["constrained_warm"], rep["unconstrained"]),
                              "ratio_matched": ratio(rep["constrained"], rep["unconstrained_matched"]),
                              "ratio_matched_warm": ratio(rep["constrained_warm"], rep["unconstrained_matched"]),
-                             "ratio_refilled": ratio(rep["unconstrained_matched"], rep["unconstrained_mean_length"])}
+                             "ratio_mixed_lengths": ratio(rep["unconstrained_matched"], rep["unconstrained_mean_length"])}
             if args.without_sets:
                 rep["ratios"]["ratio_without_sets"] = ratio(rep["constrained_without_sets"], rep["unconstrained"])
             print(json.dumps({"slots": n, **rep["ratios"]}), flush=True)
