@@ -28,7 +28,7 @@ import fastpar
 from fastpar import _core, _testing
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from bench_structured import SCHEMA, TICKETS, prompts  # noqa: E402 - the same task
+from bench_structured import SCHEMA, prompts, ticket_text  # noqa: E402 - the same task
 
 
 def params(n_tokens: int, ignore_eos: bool = True):
@@ -49,8 +49,7 @@ def main() -> int:
 
     model = fastpar.Model(args.model, n_gpu_layers=args.n_gpu_layers)
     ctx = fastpar.Context(model, n_parallel=args.slots, n_ctx_per_seq=512)
-    texts = [f"Ticket #{i}: {TICKETS[i % len(TICKETS)]}. Answer with the ticket's category, priority, summary, "
-             "urgency and tags as JSON." for i in range(args.prompts)]
+    texts = [ticket_text(i) for i in range(args.prompts)]
     constrained = params(96, ignore_eos=False)
     constrained.json_schema = json.dumps(SCHEMA)
     ctx._ctx.generate(prompts(args.slots), [params(96)], None)  # warm-up

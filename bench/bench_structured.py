@@ -47,10 +47,13 @@ sys.path.insert(0, str(ROOT / "tests"))
 from extraction_task import TICKET_SCHEMA as SCHEMA, TICKETS  # noqa: E402 - the tests' task
 
 
+def ticket_text(i: int) -> str:
+    return (f"Ticket #{i}: {TICKETS[i % len(TICKETS)]}. "
+            "Answer with the ticket's category, priority, summary, urgency and tags as JSON.")
+
+
 def prompts(n: int):
-    return [[_core.ChatMessage("user", f"Ticket #{i}: {TICKETS[i % len(TICKETS)]}. "
-                                       "Answer with the ticket's category, priority, summary, urgency and tags as JSON.")]
-            for i in range(n)]
+    return [[_core.ChatMessage("user", ticket_text(i))] for i in range(n)]
 
 
 def run(ctx, ps, p):
