@@ -488,6 +488,7 @@ struct TokenTree {
             class_points.push_back(leads_[class_leads[k]]);
             class_points.push_back(0);
         }
+        // Filled first: the candidates point into class_points.
         for (size_t k = 0; k + 1 < class_leads.size(); ++k) {
             cur.push_back(llama_grammar_candidate{k, class_points.data() + 2 * k, llama_partial_utf8{0, 0}, -1});
         }
@@ -495,20 +496,15 @@ struct TokenTree {
         reject(g, cur, passed, pool);
         // The first level: tokens without a parent whose first character is allowed.
         cur.clear();
-        const auto add = [&](llama_token t) {
-            // `index`: the candidate's place in `cur`
-            cur.push_back(llama_grammar_candidate{cur.size(), points_.data() + first_[static_cast<size_t>(t)],
-                                                  partial_[static_cast<size_t>(t)], t});
-        };
         for (size_t k = 0; k + 1 < class_leads.size(); ++k) {
             if (passed[k] != 0) {
                 for (uint32_t j = lead_start_[class_leads[k]]; j < lead_start_[class_leads[k + 1]]; ++j) {
-                    add(rooted_[j]);
+                    append(cur, rooted_[j]);
                 }
             }
         }
         for (const llama_token t : unlettered_) {
-            add(t);
+            append(cur, t);
         }
         // Level after level: the children of the tokens allowed in the one before.
         llama_grammar_candidates next;
@@ -522,9 +518,7 @@ struct TokenTree {
                 const llama_token t = cur[i].id;
                 set(t);
                 for (uint32_t j = children_start_[static_cast<size_t>(t)]; j < children_start_[static_cast<size_t>(t) + 1]; ++j) {
-                    const llama_token c = children_[j];
-                    next.push_back(llama_grammar_candidate{next.size(), points_.data() + first_[static_cast<size_t>(c)],
-                                                           partial_[static_cast<size_t>(c)], c});
+                    append(next, children_[j]);
                 }
             }
             cur.swap(next);
@@ -532,6 +526,12 @@ struct TokenTree {
     }
 
 private:
+    // Token t's text, decoded ahead, as the next candidate of `cur` (`index`: its place there).
+    void append(llama_grammar_candidates & cur, llama_token t) const {
+        const auto u = static_cast<size_t>(t);
+        cur.push_back(llama_grammar_candidate{cur.size(), points_.data() + first_[u], partial_[u], t});
+    }
+
     // passed[i]: whether `g` allows candidate i of `cur` (whose `index` is i). What
     // llama_grammar_reject_candidates does: a candidate is refused when every stack refuses
     // it, so each stack reads only those the stacks before it refused. In slices, which
