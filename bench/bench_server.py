@@ -34,6 +34,7 @@ import pathlib
 import platform
 import random
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -294,8 +295,14 @@ def main() -> int:
         if name in LOCKSTEP:
             summary[RAW] = lockstep_ceiling(tools, path, users, LOCKSTEP[name], args.reps, args.threads)
         for who, s in summary.items():
+            # Paired: each repetition runs every server back to back, so the ratio within one
+            # repetition cancels the machine's drift between repetitions (the ceiling runs apart).
+            best_all = summary[best_llama]["all"]
+            s["paired"] = (statistics.median(x / b for x, b in zip(s["all"], best_all))
+                           if who != RAW and len(s["all"]) == len(best_all) else None)
             rows.append((name, users, len(reqs), who, s, s["gen_s"] / summary[best_llama]["gen_s"],
-                         summary["fastpar serve"]["gen_s"] / summary["Engine in-process"]["gen_s"]
+                         statistics.median(h / e for h, e in zip(summary["fastpar serve"]["all"],
+                                                                 summary["Engine in-process"]["all"]))
                          if who == "fastpar serve" else None, who == best_llama))
     load_after = os.getloadavg()
 
@@ -308,17 +315,20 @@ def main() -> int:
              f"(other processes shared the machine when it is above the core count).", "",
              "Users send their next request when the last ends (async openai client, streamed, ignore_eos); "
              "slots = users. Median of the repetitions by generated tokens/s; TTFT = send to first text. "
-             "x llama-server: against llama-server's best setting (marked *). "
-             "HTTP / in-process: fastpar serve against the Engine in the bench process on the same load. "
+             "x llama-server: against llama-server's best setting (marked *); paired: the median over "
+             "repetitions of that ratio within one repetition, whose servers run back to back. "
+             "HTTP / in-process: fastpar serve against the Engine in the bench process on the same load, "
+             "paired. "
              "Ceiling: raw llama.cpp (llama-batched-bench) decoding all the slots' prompts and answers of the "
              "workload's shape as one lockstep wave, median of as many runs.", "",
              "| workload | users | requests | server | gen tok/s | total tok/s | TTFT p50 ms | TTFT p99 ms "
-             "| x llama-server | HTTP / in-process | runs (gen tok/s) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| x llama-server | paired | HTTP / in-process | runs (gen tok/s) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, users, n_req, who, s, ratio, http_ratio, best in rows:
         ttft = "| | |" if who == RAW else f"| {s['p50'] * 1000:.0f} | {s['p99'] * 1000:.0f} |"
         lines.append(f"| {name} | {users} | {n_req} | {who}{' *' if best else ''} | {s['gen_s']:.1f} | "
                      f"{s['tot_s']:.1f} {ttft} {ratio:.2f} | "
+                     f"{'' if s.get('paired') is None else format(s['paired'], '.2f')} | "
                      f"{'' if http_ratio is None else f'{http_ratio:.2f}'} | "
                      f"{', '.join(f'{x:.1f}' for x in s['all'])} |")
     lines += [""] + [f"* {n}" for n in notes]
