@@ -180,6 +180,12 @@ def percentile(xs: list, q: float) -> float:
     return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
 
 
+def paired(runs: list, base: list) -> float:
+    """The median over repetitions of runs[i] / base[i]. Each repetition runs every server
+    back to back, so the ratio within one cancels the machine's drift between repetitions."""
+    return statistics.median(x / b for x, b in zip(runs, base))
+
+
 # ----------------------------------------------------------------------------- workloads
 
 def workloads(names: list, default_model, speed: fastpar.Model, gpu: bool) -> list:
@@ -294,15 +300,11 @@ def main() -> int:
         best_llama = max((w for w in summary if w.startswith("llama-server")), key=lambda w: summary[w]["gen_s"])
         if name in LOCKSTEP:
             summary[RAW] = lockstep_ceiling(tools, path, users, LOCKSTEP[name], args.reps, args.threads)
-        for who, s in summary.items():
-            # Paired: each repetition runs every server back to back, so the ratio within one
-            # repetition cancels the machine's drift between repetitions (the ceiling runs apart).
-            best_all = summary[best_llama]["all"]
-            s["paired"] = (statistics.median(x / b for x, b in zip(s["all"], best_all))
-                           if who != RAW and len(s["all"]) == len(best_all) else None)
+        best_all = summary[best_llama]["all"]
+        for who, s in summary.items():  # the ceiling runs apart from the servers: not paired
+            s["paired"] = paired(s["all"], best_all) if who != RAW and len(s["all"]) == len(best_all) else None
             rows.append((name, users, len(reqs), who, s, s["gen_s"] / summary[best_llama]["gen_s"],
-                         statistics.median(h / e for h, e in zip(summary["fastpar serve"]["all"],
-                                                                 summary["Engine in-process"]["all"]))
+                         paired(summary["fastpar serve"]["all"], summary["Engine in-process"]["all"])
                          if who == "fastpar serve" else None, who == best_llama))
     load_after = os.getloadavg()
 
