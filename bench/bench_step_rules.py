@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Outputs of different lengths under each GPU step rule (core/step_policy.hpp).
+"""Outputs of different lengths under each GPU step rule (core/loop/step_policy.hpp).
 
 1,024 prompts (the extraction prompts of bench_structured.py as plain text), 256 slots,
 greedy: every prompt generating the same number of tokens (a lockstep load), then each

@@ -1,5 +1,5 @@
 """n_threads=None counts the CPUs this process may use: its affinity mask, limited by its
-cgroup's CPU quota (core/cpus.hpp)."""
+cgroup's CPU quota (core/threads/cpus.hpp)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Prefix sharing's decisions alone (csrc/core/prefix_sharing.hpp), without a model or a
+"""Prefix sharing's decisions alone (csrc/core/loop/prefix_sharing.hpp), without a model or a
 KV cache: which slot copies its prefix from which, who waits for a slot ahead of it, and
 the minimum length worth sharing. tests/test_prefix_sharing.py tests it with a model."""
 

@@ -3,7 +3,7 @@
 fastpar does not hand a whole row of logits to llama.cpp's sampler chain: greedy is an
 argmax over blocks, top-k collects the k best from the blocks whose maximum can hold them,
 and device sampling leaves only the best blocks, in no particular order
-(csrc/core/sampling.cpp, logit_reducer.hpp). `_testing.sample_against_llama` runs a chain
+(csrc/core/sampling/sampling.cpp, logit_reducer.hpp). `_testing.sample_against_llama` runs a chain
 both ways from the same seed; random rows have no ties at the k-th place, where the two may
 differ by design (README, device_sampling)."""
 

@@ -1,4 +1,4 @@
-"""The step planner alone (csrc/core/step_plan.hpp), without a model: which slots add which
+"""The step planner alone (csrc/core/loop/step_plan.hpp), without a model: which slots add which
 tokens to a step's batch under the CPU policy and the GPU one (padding of gaps between
 decoding slots, prompts first), the prompt chunk rules, fairness and the batch budget."""
 

@@ -1,4 +1,4 @@
-"""Allowed-token sets shared by grammar state (core/structured.cpp, docs/internals.md):
+"""Allowed-token sets shared by grammar state (core/structured/structured.cpp, docs/internals.md):
 outputs are those of masking with each row's grammar alone, and rows in one state reuse a
 set computed once."""
 

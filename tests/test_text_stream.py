@@ -1,4 +1,4 @@
-"""The text stream alone (csrc/core/text_stream.hpp): UTF-8 held back across token
+"""The text stream alone (csrc/core/loop/text_stream.hpp): UTF-8 held back across token
 pieces, stop strings found across token boundaries, streamed pieces adding up to the
 final text."""
 

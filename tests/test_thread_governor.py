@@ -1,5 +1,5 @@
 """With the default n_threads, llama.cpp's thread count gives way to other work holding the
-CPUs (core/thread_governor.hpp); a count the user chose is kept."""
+CPUs (core/threads/thread_governor.hpp); a count the user chose is kept."""
 
 from __future__ import annotations
 

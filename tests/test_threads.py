@@ -93,7 +93,7 @@ def test_two_contexts_of_one_model_run_in_parallel(model, solo):
 @pytest.mark.parametrize("n_workers", [0, 1, 3, 15])
 @pytest.mark.parametrize("caller_spin_us, anticipate_us", [(0, 0), (200, 0), (100, 20)])
 def test_sampling_pool_runs_every_item_once_and_rethrows(n_workers, caller_spin_us, anticipate_us):
-    # The pool that samples and tokenizes many sequences at once (csrc/core/pool.hpp):
+    # The pool that samples and tokenizes many sequences at once (csrc/core/threads/pool.hpp):
     # 5,000 runs of 0-39 items, every seventh with an item that throws; run() returns only
     # when every item has run exactly once, and rethrows that exception. Also with the
     # caller polling before it sleeps, and with the options a Context on a GPU uses

@@ -1,4 +1,4 @@
-"""How a step chooses its tokens (csrc/core/token_chooser.hpp): on the calling thread, on
+"""How a step chooses its tokens (csrc/core/sampling/token_chooser.hpp): on the calling thread, on
 the sampling pool, or with whole rows split over it, by the number of rows and their work."""
 
 import pytest

@@ -26,9 +26,9 @@
 #include <thread>
 #include <vector>
 
-#include "core/params.hpp"
-#include "core/pool.hpp"
-#include "core/sampling.hpp"
+#include "core/base/params.hpp"
+#include "core/threads/pool.hpp"
+#include "core/sampling/sampling.hpp"
 #include "tool_common.hpp"
 
 using fastpar::GenerateParams;

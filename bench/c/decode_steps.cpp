@@ -47,10 +47,10 @@
 #include <thread>
 #include <vector>
 
-#include "core/params.hpp"
-#include "core/pool.hpp"
-#include "core/sampling.hpp"
-#include "core/scheduler.hpp"  // batch_add
+#include "core/base/params.hpp"
+#include "core/threads/pool.hpp"
+#include "core/sampling/sampling.hpp"
+#include "core/loop/scheduler.hpp"  // batch_add
 #include "llama.h"
 #include "tool_common.hpp"
 

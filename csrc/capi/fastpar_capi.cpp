@@ -14,9 +14,9 @@
 #include <string>
 #include <unordered_map>
 
-#include "core/context.hpp"
-#include "core/errors.hpp"
-#include "core/model.hpp"
+#include "core/loop/context.hpp"
+#include "core/base/errors.hpp"
+#include "core/model/model.hpp"
 
 struct fastpar_model {
     std::shared_ptr<fastpar::Model> model;

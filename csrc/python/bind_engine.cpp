@@ -3,7 +3,7 @@
 #include <pybind11/functional.h>
 #include <pybind11/stl.h>
 
-#include "core/engine.hpp"
+#include "core/loop/engine.hpp"
 #include "python/module.hpp"
 #include "python/records.hpp"
 

@@ -5,8 +5,8 @@
 
 #include <pybind11/stl.h>
 
-#include "core/context.hpp"
-#include "core/errors.hpp"
+#include "core/loop/context.hpp"
+#include "core/base/errors.hpp"
 #include "python/module.hpp"
 #include "python/records.hpp"
 

@@ -1,8 +1,8 @@
 #include <pybind11/stl.h>
 
-#include "core/engine.hpp"
-#include "core/errors.hpp"
-#include "core/model.hpp"
+#include "core/loop/engine.hpp"
+#include "core/base/errors.hpp"
+#include "core/model/model.hpp"
 #include "python/module.hpp"
 
 namespace py = pybind11;

@@ -1,6 +1,6 @@
 #include "python/module.hpp"
 
-#include "core/model.hpp"
+#include "core/model/model.hpp"
 
 namespace py = pybind11;
 

@@ -7,7 +7,7 @@
 #include <variant>
 #include <vector>
 
-#include "core/params.hpp"
+#include "core/base/params.hpp"
 
 namespace fastpar::python {
 

@@ -13,21 +13,21 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
-#include "core/context.hpp"
-#include "core/cpus.hpp"
-#include "core/thread_governor.hpp"
-#include "core/errors.hpp"
-#include "core/params.hpp"
-#include "core/pool.hpp"
-#include "core/prefix_sharing.hpp"
-#include "core/sampling.hpp"
-#include "core/step_plan.hpp"
-#include "core/step_policy.hpp"
-#include "core/logit_reducer.hpp"
-#include "core/model.hpp"
-#include "core/structured.hpp"
-#include "core/text_stream.hpp"
-#include "core/token_chooser.hpp"
+#include "core/loop/context.hpp"
+#include "core/threads/cpus.hpp"
+#include "core/threads/thread_governor.hpp"
+#include "core/base/errors.hpp"
+#include "core/base/params.hpp"
+#include "core/threads/pool.hpp"
+#include "core/loop/prefix_sharing.hpp"
+#include "core/sampling/sampling.hpp"
+#include "core/loop/step_plan.hpp"
+#include "core/loop/step_policy.hpp"
+#include "core/sampling/logit_reducer.hpp"
+#include "core/model/model.hpp"
+#include "core/structured/structured.hpp"
+#include "core/loop/text_stream.hpp"
+#include "core/sampling/token_chooser.hpp"
 
 namespace py = pybind11;
 
@@ -35,7 +35,7 @@ namespace fastpar::python {
 namespace {
 
 void register_step_plan(py::module_ & m) {
-    py::class_<StepPolicy>(m, "StepPolicy", "The step's CPU/GPU choices (core/step_policy.hpp).")
+    py::class_<StepPolicy>(m, "StepPolicy", "The step's CPU/GPU choices (core/loop/step_policy.hpp).")
         .def(py::init<>())
         .def_readwrite("max_padded_gap", &StepPolicy::max_padded_gap)
         .def_readwrite("prompts_first", &StepPolicy::prompts_first)
@@ -89,7 +89,7 @@ void register_step_plan(py::module_ & m) {
             return out;
         },
         py::arg("slots"), py::arg("policy"), py::arg("n_batch"), py::arg("rotation") = 0, py::arg("decode_waits") = 0,
-        "core/step_plan.hpp's plan_step: a dict of n_plan and pad per slot, decode_waits, prompts_first, n_tokens.");
+        "core/loop/step_plan.hpp's plan_step: a dict of n_plan and pad per slot, decode_waits, prompts_first, n_tokens.");
     m.def(
         "generate_with_policy",
         [](Context & ctx, const std::vector<std::string> & texts, const std::vector<GenerateParams> & params,
@@ -121,7 +121,7 @@ void register_prefix_sharing(py::module_ & m) {
         .def_readonly("waiting", &SharingSlot::waiting)
         .def_readonly("copied", &SharingSlot::copied)
         .def_readonly("donor", &SharingSlot::donor);
-    py::class_<PrefixSharing>(m, "PrefixSharing", "core/prefix_sharing.hpp's decisions, without a KV cache.")
+    py::class_<PrefixSharing>(m, "PrefixSharing", "core/loop/prefix_sharing.hpp's decisions, without a KV cache.")
         .def(py::init<size_t, size_t>(), py::arg("n_slots"), py::arg("min_shared") = static_cast<size_t>(kMinSharedPrefix))
         .def("pair_up", &PrefixSharing::pair_up, py::arg("a"), py::arg("prompt_a"), py::arg("b"), py::arg("prompt_b"),
              py::arg("samples") = false)
@@ -137,7 +137,7 @@ void register_prefix_sharing(py::module_ & m) {
 }
 
 void register_text_stream(py::module_ & m) {
-    py::class_<TextStream>(m, "TextStream", "core/text_stream.hpp: a generation's text, stop strings, pieces.")
+    py::class_<TextStream>(m, "TextStream", "core/loop/text_stream.hpp: a generation's text, stop strings, pieces.")
         .def(py::init([](bool streaming) {
                  TextStream t;
                  t.reset(streaming);
@@ -160,7 +160,7 @@ void register_token_chooser(py::module_ & m) {
             return std::string(way_name(TokenChooser::decide(n_rows, work, have_pool, split_rows, rows_split)));
         },
         py::arg("n_rows"), py::arg("work"), py::arg("have_pool"), py::arg("split_rows"), py::arg("rows_split"),
-        "core/token_chooser.hpp's decision: 'one_thread', 'pooled' or 'split'.");
+        "core/sampling/token_chooser.hpp's decision: 'one_thread', 'pooled' or 'split'.");
     m.def(
         "choose_work",
         [](const GenerateParams & params, int32_t n_logits) {
@@ -184,7 +184,7 @@ void register_token_chooser(py::module_ & m) {
             return splits(params, row);
         },
         py::arg("params"), py::arg("n_logits"), py::arg("device_blocks") = false,
-        "core/sampling.hpp's splits(): whether a row of n_logits may be split over threads.");
+        "core/sampling/sampling.hpp's splits(): whether a row of n_logits may be split over threads.");
     m.attr("MIN_POOLED") = kMinPooled;
     m.attr("MIN_POOLED_WORK") = kMinPooledWork;
     m.attr("MIN_SPLIT") = kMinSplit;
@@ -258,7 +258,7 @@ PYBIND11_MODULE(_testing, m) {
         py::arg("params"), py::arg("seed"), py::arg("logits"), py::arg("blocks"), py::arg("width"), py::arg("draws"),
         py::arg("split_rows") = 0, py::arg("pool_workers") = 0,
         "Tokens fastpar's host sampling picks next to those llama.cpp's own chain picks "
-        "(core/sampling.hpp, sample_against_llama).");
+        "(core/sampling/sampling.hpp, sample_against_llama).");
     m.def("device_serves", &LogitReducer::serves, py::arg("params"),
           "Whether device sampling may cut this request's rows down (LogitReducer::serves).");
     m.def(
@@ -277,7 +277,7 @@ PYBIND11_MODULE(_testing, m) {
             return d;
         },
         py::arg("model"), py::arg("params"), py::arg("tokens"),
-        "What a json_schema or grammar constraint costs (core/structured.hpp, measure_grammar).");
+        "What a json_schema or grammar constraint costs (core/structured/structured.hpp, measure_grammar).");
     m.def(
         "compare_masks",
         [](const std::shared_ptr<Model> & model, const GenerateParams & params, int32_t steps, uint32_t seed,
@@ -295,7 +295,7 @@ PYBIND11_MODULE(_testing, m) {
             return d;
         },
         py::arg("model"), py::arg("params"), py::arg("steps"), py::arg("seed"), py::arg("workers") = 0,
-        "Whole masks of the allowed-token sets against llama.cpp's, along a random walk (core/structured.hpp).");
+        "Whole masks of the allowed-token sets against llama.cpp's, along a random walk (core/structured/structured.hpp).");
     m.def("set_allowed_sets", &set_allowed_sets_enabled, py::arg("on"),
           "Whether constrained rows share allowed-token sets by grammar state (on by default; read when\n"
           "a call starts a constrained request). Off: each refusal masks with the row's grammar alone.");
@@ -305,12 +305,12 @@ PYBIND11_MODULE(_testing, m) {
           "Runs that broke the sampling pool's contract (testing.cpp, stress_task_pool).");
     m.def("thread_governor_decide", &ThreadGovernor::decide, py::arg("threads"), py::arg("max_threads"),
           py::arg("waited"), py::arg("since_change_s"),
-          "ThreadGovernor's rule on one window (core/thread_governor.hpp): the next thread count.");
-    m.def("available_cpus", &available_cpus, "CPUs this process may use: n_threads=None's threads (core/cpus.hpp).");
+          "ThreadGovernor's rule on one window (core/threads/thread_governor.hpp): the next thread count.");
+    m.def("available_cpus", &available_cpus, "CPUs this process may use: n_threads=None's threads (core/threads/cpus.hpp).");
     m.def("cgroup_cpu_quota", &cgroup_cpu_quota, py::arg("root"),
-          "The CPU quota (CPUs; 0: none) of the cgroups named under root/proc/self (core/cpus.hpp).");
+          "The CPU quota (CPUs; 0: none) of the cgroups named under root/proc/self (core/threads/cpus.hpp).");
     m.def("cpus_within", &cpus_within, py::arg("n_affinity"), py::arg("quota"),
-          "Threads for an affinity mask of n_affinity CPUs and a quota (core/cpus.hpp).");
+          "Threads for an affinity mask of n_affinity CPUs and a quota (core/threads/cpus.hpp).");
     // n_batch=None's physical batch on the CPU and on a GPU, for bench/run.py's raw baseline.
     m.attr("cpu_batch") = kCpuBatch;
     m.attr("gpu_batch") = kGpuBatch;

@@ -2,8 +2,8 @@
 // a throwing step does, so that tests can check what every request and later submit see.
 #include <string>
 
-#include "core/engine.hpp"
-#include "core/errors.hpp"
+#include "core/loop/engine.hpp"
+#include "core/base/errors.hpp"
 
 #include <pybind11/pybind11.h>
 

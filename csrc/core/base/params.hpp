@@ -1,0 +1,187 @@
+// The one source of truth for every option and result of fastpar.
+// The C ABI's *_default_params(), the Python keyword defaults and the R wrapper all
+// start from these member initialisers; nothing else retypes a default.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace fastpar {
+
+struct ModelParams {
+    int32_t n_gpu_layers = 0;  // layers to offload to the GPU; -1 = all; > 0 needs a GPU build
+    bool use_mmap = true;      // map the GGUF file instead of reading it into memory
+};
+
+// device_sampling=-1 (auto) cuts rows of logits down on the device when the model's output
+// layer runs on a GPU and the context has at least this many slots: from there it beats
+// host sampling, with one slot it loses (docs/performance.md, "Device sampling").
+constexpr int32_t kAutoDeviceSamplingSlots = 8;
+
+// n_batch=0 (auto) and llama.cpp's physical batch (n_ubatch = min(n_batch, this)). On the CPU
+// larger physical batches grow the compute buffer for little gain; on a GPU each decode
+// of a prompt batch costs about the same host time whatever its size, so fewer, larger
+// ones take less (docs/performance.md, "Physical batch").
+constexpr int32_t kCpuBatch = 512;
+constexpr int32_t kGpuBatch = 2048;
+
+struct ContextParams {
+    int32_t n_parallel = 8;        // slots: prompts decoded together (seq_id 0..n_parallel-1), 1..256
+    int32_t n_ctx_per_seq = 2048;  // positions ONE prompt plus its generation may use; KV = n_parallel x this
+    // Most tokens in one llama_decode call, >= n_parallel; 0 = auto: the larger of n_parallel
+    // and kCpuBatch, or kGpuBatch when any layer runs on a GPU.
+    int32_t n_batch = 0;
+    int32_t n_threads = 0;         // CPU threads; 0 = one per CPU this process may use (cpus.hpp)
+    bool kv_unified = false;       // one KV buffer for all slots (helps shared prefixes, slower otherwise)
+    // 1 = cut every row of logits down to its best candidates inside llama.cpp's graph, on
+    // the device that runs the output layer, and finish each chain on the host from those
+    // (logit_reducer.hpp); 0 = copy whole rows back and sample on the host, many sequences
+    // at once; -1 = auto: 1 with the output layer on a GPU and at least
+    // kAutoDeviceSamplingSlots slots, else 0. Requests whose chain needs whole rows
+    // (LogitReducer::serves) get them either way.
+    int32_t device_sampling = -1;
+    // Prompts that start with the same tokens (at least kMinSharedPrefix of them) decode
+    // that prefix once: the other slots copy it from the first one's KV cache.
+    bool share_prefixes = true;
+    // 1 = run a few decodes at creation, shaped like a call's (a prompt batch, then one
+    // token a slot twice), and remove what they left in each slot, so that the first call
+    // does not pay for the device's first use of this context (on a GPU, costs such as its
+    // memory pool growing, library handles, graph captures); 0 = don't; -1 = auto: 1 when
+    // any layer runs on a GPU, else 0 (on the CPU a first call costs no more than later ones).
+    int32_t warmup = -1;
+};
+
+// Shorter common prefixes are decoded by every prompt (copying costs more than it saves).
+constexpr int32_t kMinSharedPrefix = 16;
+
+struct GenerateParams {
+    int32_t max_tokens = 256;         // most new tokens per prompt; 0 = none (prompt is not decoded)
+    float temperature = 0.8f;         // 0 = greedy
+    int32_t top_k = 40;               // keep the k most likely tokens; 0 = off
+    float top_p = 0.95f;              // nucleus sampling threshold; 1 = off
+    float min_p = 0.05f;              // drop tokens below min_p x the best probability; 0 = off
+    float repeat_penalty = 1.0f;      // penalise the last repeat_last_n tokens; 1 = off
+    float presence_penalty = 0.0f;    // subtract for any token already present; 0 = off
+    float frequency_penalty = 0.0f;   // subtract per occurrence of a token; 0 = off
+    int32_t repeat_last_n = 64;       // how many recent tokens the penalties look at
+    int64_t seed = -1;                // sampler seed, the same for every prompt; -1 = random
+    std::vector<std::string> stop;    // stop strings: the text ends before the first match
+    bool ignore_eos = false;          // keep generating past end-of-generation tokens
+    bool logprobs = false;            // also return each token's log-probability (samples on the host)
+    int32_t n = 1;                // samples per prompt: the prompt is decoded once, sample j seeded seed + j
+    int32_t top_logprobs = 0;     // 0..20: the k most likely tokens and their log-probabilities at each position
+    std::string json_schema;      // a JSON schema every output must validate against ("": none)
+    std::string grammar;          // a GBNF grammar every output must match ("": none)
+    // Scoring: each prompt token's log-probability given the tokens before it, in
+    // Completion::prompt_logprobs. With max_tokens = 0 the prompt is scored and nothing is
+    // generated (its last token is then never decoded: no logits are needed after it).
+    bool prompt_logprobs = false;
+    // With prompt_logprobs: the first prompt token scored (>= 1; earlier ones get NaN). The
+    // positions before it need no logits and may be copied from another prompt's KV cache.
+    int32_t prompt_logprobs_from = 1;
+};
+
+// Most entries of GenerateParams::top_logprobs (as OpenAI's API allows).
+constexpr int32_t kMaxTopLogprobs = 20;
+
+enum class FinishReason : int32_t {
+    Stop = 0,       // end-of-generation token or a stop string
+    Length = 1,     // max_tokens reached, or the sequence's context is full
+    Error = 2,      // this prompt failed; see Completion::error
+    Cancelled = 3,  // the call was interrupted before this prompt finished
+};
+
+const char * finish_reason_name(FinishReason reason);
+
+struct ChatMessage {
+    std::string role;
+    std::string content;
+};
+
+// One prompt: raw text, chat messages rendered with the model's own template, or token ids
+// fed as they are (each checked against the vocabulary when the prompt is admitted).
+struct Prompt {
+    std::string text;
+    std::vector<ChatMessage> messages;
+    bool is_chat = false;
+    std::vector<int32_t> tokens;
+    bool is_tokens = false;
+};
+
+struct TopLogprob {
+    int32_t token = 0;
+    float logprob = 0.0f;
+    std::string text;  // the token's text, valid UTF-8 (a partial character becomes U+FFFD)
+};
+
+struct Completion {
+    std::string text;                 // valid UTF-8 (invalid bytes replaced by U+FFFD)
+    std::vector<int32_t> token_ids;   // generated tokens, end-of-generation token excluded
+    std::vector<float> logprobs;      // with GenerateParams::logprobs: log p(token) under the model
+                                      // (softmax of the raw logits), one per token_ids entry
+    // With GenerateParams::top_logprobs = k: for each token_ids entry, the k most likely
+    // tokens under the model (same log-probabilities as `logprobs`), most likely first.
+    std::vector<std::vector<TopLogprob>> top_logprobs;
+    // With GenerateParams::prompt_logprobs: the prompt's tokens, each one's log-probability
+    // given the ones before it (NaN for the first, and before prompt_logprobs_from), and
+    // whether it was the most likely token there (the first of equal maxima).
+    std::vector<int32_t> prompt_token_ids;
+    std::vector<float> prompt_logprobs;
+    std::vector<uint8_t> prompt_greedy;
+    // With prompt_logprobs and top_logprobs = k: for each prompt_token_ids entry, the k most
+    // likely tokens there, most likely first (empty where prompt_logprobs is NaN).
+    std::vector<std::vector<TopLogprob>> prompt_top_logprobs;
+    FinishReason finish_reason = FinishReason::Error;
+    std::string error;                // empty unless finish_reason == Error
+    int32_t n_prompt_tokens = 0;      // prompt tokens decoded for this prompt
+    int32_t n_prompt_tokens_shared = 0;  // prompt tokens copied from another prompt's KV cache
+                                         // instead (share_prefixes); the prompt has the sum
+    int32_t n_gen_tokens = 0;         // == token_ids.size()
+    double t_queued_ms = 0;           // submitted -> admitted into a slot
+    double t_first_token_ms = 0;      // submitted -> first token sampled (0 = none was)
+    double t_total_ms = 0;            // submitted -> finished
+};
+
+// Per-call statistics. Each llama_decode call's time is split between prompt and
+// generation in proportion to the prompt and generated tokens it carried; sampling
+// time counts as generation.
+struct Stats {
+    int64_t n_prompts = 0;        // prompts in the call
+    int64_t n_failed = 0;         // prompts that ended with finish_reason "error"
+    int64_t n_prompt_tokens = 0;  // prompt tokens decoded
+    int64_t n_prompt_tokens_shared = 0;  // prompt tokens copied from another prompt's KV cache
+    int64_t n_gen_tokens = 0;     // tokens generated
+    double t_prompt_ms = 0;       // time attributed to prompt processing
+    double t_gen_ms = 0;          // time attributed to generation (decode + sampling)
+    double t_wall_ms = 0;         // wall time of the whole call
+    int64_t n_decode_calls = 0;   // llama_decode calls, retries included
+    int64_t n_kv_full_retries = 0;  // llama_decode returned 1 (no KV room) and the batch was split
+    int64_t n_device_sampled = 0;   // tokens chosen from candidates cut down on the device
+    double t_sample_ms = 0;         // part of t_gen_ms spent choosing tokens from the logits
+    int64_t n_padding_tokens = 0;   // throw-away tokens that kept a step in one forward pass (GPU)
+    // Tokens of json_schema/grammar requests, by how each was chosen (core/structured/structured.hpp,
+    // ConstrainedWay): the chain's choice kept; refused and found among the best 256
+    // candidates; in larger stages; by masking the whole vocabulary; from a kept allowed set.
+    int64_t n_grammar_kept = 0;
+    int64_t n_grammar_top = 0;
+    int64_t n_grammar_wider = 0;
+    int64_t n_grammar_whole = 0;
+    int64_t n_grammar_cached = 0;
+    // The fewest threads llama.cpp computed a step of the call with: below the context's
+    // n_threads when its threads had to wait for CPUs others held (thread_governor.hpp).
+    int32_t n_threads_low = 0;
+
+    double prompt_tokens_per_s() const { return t_prompt_ms > 0 ? 1e3 * static_cast<double>(n_prompt_tokens) / t_prompt_ms : 0.0; }
+    double gen_tokens_per_s() const { return t_gen_ms > 0 ? 1e3 * static_cast<double>(n_gen_tokens) / t_gen_ms : 0.0; }
+    double total_tokens_per_s() const {
+        return t_wall_ms > 0 ? 1e3 * static_cast<double>(n_prompt_tokens + n_gen_tokens) / t_wall_ms : 0.0;
+    }
+};
+
+// Throws InvalidArgument naming the first option out of range.
+void validate(const ModelParams & params);
+void validate(const ContextParams & params);
+void validate(const GenerateParams & params);
+
+}  // namespace fastpar

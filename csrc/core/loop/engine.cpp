@@ -1,0 +1,355 @@
+#include "core/loop/engine.hpp"
+
+#include <future>
+
+namespace fastpar {
+namespace {
+
+template <typename Lock, typename Pred>
+bool wait_for(std::condition_variable & cv, Lock & lock, double timeout_s, Pred pred) {
+    // Negative, infinite or absurdly long (past what a clock's time point can hold): for ever.
+    if (timeout_s < 0 || !(timeout_s < 1e9)) {
+        cv.wait(lock, pred);
+        return true;
+    }
+    return cv.wait_for(lock, std::chrono::duration<double>(timeout_s), pred);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------- RequestHandle
+
+bool RequestHandle::done() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return done_;
+}
+
+Completion RequestHandle::result(double timeout_s) const {
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (!wait_for(cv_, lock, timeout_s, [this] { return done_; })) {
+        throw Timeout("request " + std::to_string(id_) + " did not finish within " + std::to_string(timeout_s) + " s");
+    }
+    return completion_;
+}
+
+std::optional<std::string> RequestHandle::next_piece(double timeout_s) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (!wait_for(cv_, lock, timeout_s, [this] { return done_ || !pieces_.empty(); })) {
+        throw Timeout("no text from request " + std::to_string(id_) + " within " + std::to_string(timeout_s) + " s");
+    }
+    if (pieces_.empty()) {
+        return std::nullopt;
+    }
+    std::string piece = std::move(pieces_.front());
+    pieces_.pop_front();
+    return piece;
+}
+
+std::vector<std::string> RequestHandle::take_pieces() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::vector<std::string> out(std::make_move_iterator(pieces_.begin()), std::make_move_iterator(pieces_.end()));
+    pieces_.clear();
+    return out;
+}
+
+void RequestHandle::set_listener(std::function<void()> listener) {
+    auto shared = std::make_shared<const std::function<void()>>(std::move(listener));
+    bool already_done;
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        listener_.swap(shared);  // the previous one is destroyed below, outside the lock
+        already_done = done_;
+    }
+    shared.reset();
+    if (already_done) {
+        notify();
+    }
+}
+
+void RequestHandle::push_piece(const std::string & piece) {
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        pieces_.push_back(piece);
+    }
+    cv_.notify_all();
+    notify();
+}
+
+void RequestHandle::complete(Completion && c) {
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        completion_ = std::move(c);
+        done_ = true;
+    }
+    cv_.notify_all();
+    notify();
+}
+
+void RequestHandle::notify() {
+    std::shared_ptr<const std::function<void()>> listener;
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        listener = listener_;
+    }
+    if (listener && *listener) {
+        try {
+            (*listener)();
+        } catch (...) {
+            // A listener's failure (e.g. its event loop closed) must not stop the engine.
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------- Engine
+
+Engine::Engine(std::shared_ptr<const Model> model, const ContextParams & params, int32_t max_queued)
+    : ctx_(std::make_unique<Context>(std::move(model), params)), max_queued_(max_queued) {
+    // With no place in the queue, a request could never wait for a slot.
+    if (max_queued < 1) {
+        throw InvalidArgument("max_queued must be >= 1, got " + std::to_string(max_queued));
+    }
+    worker_ = std::thread([this] { run(); });
+}
+
+Engine::~Engine() { close(); }
+
+bool Engine::closed() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return closing_;
+}
+
+bool Engine::has_room() const {
+    // Requests about to take a free slot are not queued: the queue is full only when the
+    // unfinished requests fill every slot and max_queued places besides.
+    return n_unfinished_ < static_cast<int64_t>(ctx_->params().n_parallel) + max_queued_;
+}
+
+std::shared_ptr<RequestHandle> Engine::submit(Prompt prompt, const GenerateParams & params, double timeout_s) {
+    validate(params);
+    if (params.n != 1) {
+        // A request streams one text and completes with one result.
+        throw InvalidArgument("n=" + std::to_string(params.n) +
+                              ": an engine request is one sample; submit n requests with seeds seed + j instead");
+    }
+    if (prompt.is_chat && !ctx_->model()->has_chat_template()) {
+        throw InvalidArgument("model '" + ctx_->model()->path() + "' has no chat template; pass prompts as plain strings");
+    }
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (timeout_s != 0) {
+        wait_for(room_, lock, timeout_s, [this] { return closing_ || has_room(); });
+    }
+    if (!failure_.empty()) {
+        throw EngineClosed("the engine stopped after a failure: " + failure_ +
+                           "; create a new one to submit more requests");
+    }
+    if (closing_) {
+        throw EngineClosed("the engine is closed; create a new one to submit more requests");
+    }
+    if (!has_room()) {
+        throw QueueFull("the engine's queue is full: " + std::to_string(n_waiting_) +
+                        " requests wait for a slot (max_queued=" + std::to_string(max_queued_) + ")" +
+                        (timeout_s != 0 ? " and none freed up in time" : "") +
+                        "; retry later, submit with block=True, or raise max_queued");
+    }
+    auto handle = std::make_shared<RequestHandle>(next_id_++);
+    Request request;
+    request.prompt = std::move(prompt);
+    request.params = std::make_shared<const GenerateParams>(params);
+    request.seed = resolve_seed(params);
+    request.cancel = handle->cancel_;
+    request.on_text = [handle](const std::string & piece) { handle->push_piece(piece); };
+    // Counted exactly, on the worker, as the request moves: waiting -> in a slot -> done.
+    auto started = std::make_shared<bool>(false);
+    request.on_start = [this, started] {
+        std::lock_guard<std::mutex> guard(mutex_);
+        *started = true;
+        --n_waiting_;
+    };
+    request.on_done = [this, handle, started](Completion && c) {
+        account(c, *started, handle->cancel_->load());
+        handle->complete(std::move(c));
+    };
+    request.t_submit = Clock::now();
+    incoming_.push_back(std::move(request));
+    ++n_unfinished_;
+    ++n_waiting_;
+    ++totals_.n_submitted;
+    cv_.notify_all();
+    return handle;
+}
+
+void Engine::account(Completion & c, bool started, bool cancelled) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!failure_.empty() && c.finish_reason == FinishReason::Cancelled && !cancelled) {
+        // Ended by the worker's failure, not by its caller: say so.
+        c.finish_reason = FinishReason::Error;
+        c.error = failure_;
+    }
+    --n_unfinished_;
+    room_.notify_all();
+    if (!started) {
+        --n_waiting_;  // finished (cancelled, failed) before it got a slot
+    }
+    totals_.n_prompt_tokens += c.n_prompt_tokens;
+    totals_.n_prompt_tokens_shared += c.n_prompt_tokens_shared;
+    totals_.n_gen_tokens += c.n_gen_tokens;
+    switch (c.finish_reason) {
+        case FinishReason::Error: ++totals_.n_failed; break;
+        case FinishReason::Cancelled: ++totals_.n_cancelled; break;
+        default: ++totals_.n_completed; break;
+    }
+}
+
+void Engine::run() {
+    try {
+        StepPolicy policy = ctx_->step_policy();
+        policy.max_decode_waits = kStreamingDecodeWaits;  // requests stream: keep running ones going
+        ctx_->with_scheduler(loop_stats_, policy, [this](Scheduler & scheduler) {
+            try {
+                loop(scheduler);
+            } catch (const std::exception & e) {
+                fail(e.what());  // before with_scheduler ends what it holds: as errors
+                throw;
+            } catch (...) {
+                fail("unknown exception");
+                throw;
+            }
+        });
+    } catch (...) {
+        // with_scheduler has ended every request it held. End those that never reached
+        // it too, and answer pending queries: nobody waits for a worker that is gone.
+        std::deque<Request> leftover;
+        std::deque<std::function<void()>> tasks;
+        {
+            std::unique_lock<std::mutex> lock(mutex_);
+            if (failure_.empty()) {  // the scheduler could not even be set up
+                lock.unlock();
+                try {
+                    throw;
+                } catch (const std::exception & e) {
+                    fail(e.what());
+                } catch (...) {
+                    fail("unknown exception");
+                }
+                lock.lock();
+            }
+            leftover.swap(incoming_);
+            tasks.swap(tasks_);
+        }
+        for (auto & request : leftover) {
+            Scheduler::complete_unstarted(request, FinishReason::Error, failure_);
+        }
+        for (auto & task : tasks) {
+            try {
+                task();
+            } catch (...) {
+            }
+        }
+    }
+}
+
+void Engine::fail(const std::string & what) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    failure_ = what.empty() ? "unknown exception" : what;
+    closing_ = true;
+    room_.notify_all();
+}
+
+void Engine::loop(Scheduler & scheduler) {
+    for (;;) {
+        std::deque<std::function<void()>> tasks;
+        {
+            std::unique_lock<std::mutex> lock(mutex_);
+            cv_.wait(lock, [&] { return closing_ || !incoming_.empty() || !tasks_.empty() || !scheduler.idle(); });
+            if (closing_) {
+                return;  // with_scheduler cancels what is left
+            }
+            while (!incoming_.empty()) {
+                scheduler.enqueue(std::move(incoming_.front()));
+                incoming_.pop_front();
+            }
+            tasks.swap(tasks_);
+        }
+        for (auto & task : tasks) {
+            task();
+        }
+        if (scheduler.idle()) {
+            continue;
+        }
+        const auto t0 = Clock::now();
+        scheduler.step();
+        const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+        std::lock_guard<std::mutex> lock(mutex_);
+        totals_.busy_s += dt;
+        totals_.n_decode_calls = loop_stats_.n_decode_calls;
+        totals_.n_padding_tokens = loop_stats_.n_padding_tokens;
+    }
+}
+
+void Engine::post(std::function<void()> task) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (closing_) {
+        throw EngineClosed(failure_.empty() ? "the engine is closed" : "the engine stopped after a failure: " + failure_);
+    }
+    tasks_.push_back(std::move(task));
+    cv_.notify_all();
+}
+
+void Engine::close() {
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        closing_ = true;
+    }
+    room_.notify_all();  // blocked submits: closed now
+    ctx_->set_abort(true);  // a decode in flight returns now instead of at its end
+    cv_.notify_all();
+    {
+        std::lock_guard<std::mutex> join_lock(join_mutex_);
+        if (worker_.joinable() && worker_.get_id() != std::this_thread::get_id()) {
+            worker_.join();
+        }
+    }
+    ctx_->set_abort(false);
+    std::deque<Request> leftover;
+    std::deque<std::function<void()>> tasks;
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        leftover.swap(incoming_);
+        tasks.swap(tasks_);
+    }
+    for (auto & request : leftover) {  // never reached the scheduler
+        Scheduler::complete_unstarted(request, FinishReason::Cancelled, "");
+    }
+    for (auto & task : tasks) {
+        task();  // answers pending queries from the (now idle) context
+    }
+}
+
+EngineStats Engine::stats() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    EngineStats s = totals_;
+    s.n_queued = n_waiting_;
+    s.n_active = n_unfinished_ - n_waiting_;
+    s.uptime_s = std::chrono::duration<double>(Clock::now() - t_start_).count();
+    return s;
+}
+
+std::vector<int32_t> Engine::seq_pos_max() {
+    auto promise = std::make_shared<std::promise<std::vector<int32_t>>>();
+    auto future = promise->get_future();
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (!closing_) {
+            // Asked on the worker, between steps: llama.cpp's memory is not read mid-decode.
+            tasks_.push_back([this, promise] { promise->set_value(ctx_->seq_pos_max_unlocked()); });
+            cv_.notify_all();
+        }
+    }
+    if (future.wait_for(std::chrono::seconds(0)) == std::future_status::ready || !closed()) {
+        return future.get();  // close() answers a task it finds left over
+    }
+    close();  // closing: wait until the worker has let go of the context
+    return ctx_->seq_pos_max();
+}
+
+}  // namespace fastpar

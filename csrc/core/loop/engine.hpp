@@ -1,0 +1,147 @@
+// The background engine: the SAME scheduler loop as generate, run on a worker thread
+// that owns one Context, fed by submit() from any thread. Each request streams its text,
+// can be cancelled, and carries its own timings.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/loop/context.hpp"
+#include "core/base/errors.hpp"
+#include "core/base/params.hpp"
+#include "core/loop/scheduler.hpp"
+
+namespace fastpar {
+
+// result()/next_piece() ran out of time.
+struct Timeout : Error {
+    using Error::Error;
+};
+
+// submit() on an engine that was closed, or whose worker stopped after a failure.
+struct EngineClosed : Error {
+    using Error::Error;
+};
+
+// submit() while every slot is taken and max_queued requests already wait for one.
+struct QueueFull : Error {
+    using Error::Error;
+};
+
+struct EngineStats {
+    int64_t n_active = 0;      // requests in a slot now
+    int64_t n_queued = 0;      // requests waiting for a slot
+    int64_t n_submitted = 0;
+    int64_t n_completed = 0;   // finished with "stop" or "length"
+    int64_t n_failed = 0;      // finished with "error"
+    int64_t n_cancelled = 0;
+    int64_t n_prompt_tokens = 0;  // over finished requests
+    int64_t n_prompt_tokens_shared = 0;
+    int64_t n_gen_tokens = 0;     // over finished requests
+    int64_t n_decode_calls = 0;
+    int64_t n_padding_tokens = 0;  // throw-away tokens that kept a step in one forward pass (GPU)
+    double uptime_s = 0;       // since the engine started
+    double busy_s = 0;         // time with at least one request in a slot
+    double gen_tokens_per_s() const { return busy_s > 0 ? static_cast<double>(n_gen_tokens) / busy_s : 0.0; }
+};
+
+class RequestHandle {
+public:
+    explicit RequestHandle(uint64_t id) : id_(id) {}
+    uint64_t id() const { return id_; }
+    // Asks the engine to end this request with "cancelled" (no effect once finished).
+    void cancel() { cancel_->store(true); }
+    bool done() const;
+    // Waits for the completion; timeout_s < 0 waits for ever. Throws Timeout.
+    Completion result(double timeout_s) const;
+    // The next piece of streamed text, waiting up to timeout_s (< 0: for ever); nullopt
+    // once the request has finished and every piece was taken. Throws Timeout.
+    std::optional<std::string> next_piece(double timeout_s);
+    // Every piece available now, without waiting.
+    std::vector<std::string> take_pieces();
+    // Called on the engine's thread after each new piece and once at the end (also at
+    // once if the request already finished). Exceptions from it are swallowed.
+    void set_listener(std::function<void()> listener);
+
+private:
+    friend class Engine;
+    void push_piece(const std::string & piece);
+    void complete(Completion && c);
+    void notify();
+
+    const uint64_t id_;
+    std::shared_ptr<std::atomic<bool>> cancel_ = std::make_shared<std::atomic<bool>>(false);
+    mutable std::mutex mutex_;
+    mutable std::condition_variable cv_;
+    std::deque<std::string> pieces_;
+    bool done_ = false;
+    Completion completion_;
+    // Shared, so that notify() copies a pointer under mutex_, never the function itself:
+    // copying or destroying a function that wraps a Python callable takes the GIL, and a
+    // thread holding the GIL may be waiting for mutex_ (done(), take_pieces()).
+    std::shared_ptr<const std::function<void()>> listener_;
+};
+
+class Engine {
+public:
+    // max_queued (>= 1): requests that may wait for a slot once every slot is taken; one
+    // more is rejected at submit.
+    Engine(std::shared_ptr<const Model> model, const ContextParams & params, int32_t max_queued);
+    ~Engine();  // close()
+    Engine(const Engine &) = delete;
+    Engine & operator=(const Engine &) = delete;
+
+    // Callable from any thread. Throws InvalidArgument (bad params), EngineClosed, QueueFull.
+    // When there is no room, waits up to timeout_s seconds for some (< 0: for ever; 0:
+    // not at all) before QueueFull.
+    std::shared_ptr<RequestHandle> submit(Prompt prompt, const GenerateParams & params, double timeout_s = 0);
+    // Runs `task` on the worker between steps. A task that throws stops the engine as a
+    // failing step does: every request it holds ends with "error" and the exception's
+    // message, and later submits throw EngineClosed naming it.
+    void post(std::function<void()> task);
+    // Ends queued and running requests as "cancelled" (aborting a running decode) and
+    // joins the worker. Idempotent; later submits are rejected.
+    void close();
+    bool closed() const;
+    EngineStats stats() const;
+    // llama_memory_seq_pos_max of every slot, read on the worker between steps.
+    std::vector<int32_t> seq_pos_max();
+    const Context & context() const { return *ctx_; }
+
+private:
+    void run();
+    void loop(Scheduler & scheduler);
+    void fail(const std::string & what);
+    bool has_room() const;  // under mutex_
+    void account(Completion & c, bool started, bool cancelled);
+
+    std::unique_ptr<Context> ctx_;
+    const int32_t max_queued_;
+    mutable std::mutex mutex_;
+    std::condition_variable cv_;
+    std::condition_variable room_;  // a request finished, or the engine closed
+    std::deque<Request> incoming_;
+    std::deque<std::function<void()>> tasks_;  // run on the worker between steps
+    bool closing_ = false;
+    // Set when the worker stopped on an exception: its message (never empty then).
+    std::string failure_;
+    int64_t n_unfinished_ = 0;  // submitted, not yet finished
+    int64_t n_waiting_ = 0;     // submitted, not yet in a slot
+    uint64_t next_id_ = 1;
+    EngineStats totals_;
+    Stats loop_stats_;  // the scheduler's own counters (worker thread only)
+    std::chrono::steady_clock::time_point t_start_ = std::chrono::steady_clock::now();
+    std::mutex join_mutex_;  // close() may be called from several threads at once
+    std::thread worker_;
+};
+
+}  // namespace fastpar

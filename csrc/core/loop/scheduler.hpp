@@ -1,0 +1,148 @@
+// The one loop (docs/design.md): n_parallel slots over one llama_context, a FIFO of pending
+// requests, and one llama_batch reused for every step. generate_parallel drives it on
+// the calling thread; nothing else decodes.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/sampling/logit_reducer.hpp"
+#include "core/model/model.hpp"
+#include "core/base/params.hpp"
+#include "core/threads/pool.hpp"
+#include "core/loop/prefix_sharing.hpp"
+#include "core/sampling/sampling.hpp"
+#include "core/loop/step_plan.hpp"
+#include "core/loop/step_policy.hpp"
+#include "core/structured/structured.hpp"
+#include "core/threads/thread_governor.hpp"
+#include "core/sampling/token_chooser.hpp"
+#include "llama.h"
+
+namespace fastpar {
+
+using Clock = std::chrono::steady_clock;
+
+struct Request {
+    Prompt prompt;
+    std::shared_ptr<const GenerateParams> params;
+    uint32_t seed = 0;                           // resolved sampler seed
+    // Samples of one prompt (GenerateParams::n > 1) carry the same nonzero group: they
+    // copy the prompt's KV cache from one another (StepPolicy::share_samples). 0 = none.
+    uint64_t group = 0;
+    std::function<void(Completion &&)> on_done;  // called once, on the scheduler's thread
+    std::function<void()> on_start;              // optional: called when it gets a slot
+    // Optional: called with each new piece of text (valid UTF-8, never the start of a
+    // possible stop string) as it is generated; the pieces add up to Completion::text.
+    std::function<void(const std::string &)> on_text;
+    // Optional: set from any thread to cancel; the scheduler notices between steps.
+    std::shared_ptr<std::atomic<bool>> cancel;
+    Clock::time_point t_submit = Clock::now();
+};
+
+// What a context keeps for device sampling (logit_reducer.hpp): the reducer, and which
+// slots have its chain attached (llama_set_sampler). Slots whose request needs the whole
+// row of logits detach it; attaching or detaching makes llama.cpp re-reserve its graph,
+// so a chain stays attached across requests and calls while they can use it.
+struct DeviceSampling {
+    std::unique_ptr<LogitReducer> reducer;
+    std::vector<char> attached;  // [seq]
+};
+
+// Appends one token of one sequence to `batch` (which has room for it); returns its index.
+inline int32_t batch_add(llama_batch & batch, llama_token token, llama_pos pos, llama_seq_id seq, bool logits) {
+    const int32_t i = batch.n_tokens++;
+    batch.token[i] = token;
+    batch.pos[i] = pos;
+    batch.n_seq_id[i] = 1;
+    batch.seq_id[i][0] = seq;
+    batch.logits[i] = logits;
+    return i;
+}
+
+struct SchedulerOptions {
+    int32_t n_parallel = 1;
+    int32_t n_batch = 1;    // most tokens a step decodes, >= n_parallel
+    int32_t n_ctx_seq = 0;  // positions one sequence may use
+    StepPolicy policy;
+    // Chooses tokens of many sequences on the host at once; may be null.
+    TaskPool * pool = nullptr;
+    // With it (kept by the context), rows of logits are cut down to their best candidates
+    // inside the graph for every request whose chain can start from them
+    // (LogitReducer::serves); the others get whole rows. May be null.
+    DeviceSampling * device = nullptr;
+    // Adapts llama.cpp's thread count to the CPUs this process gets (kept by the context);
+    // may be null.
+    ThreadGovernor * threads = nullptr;
+    // Compiled constraints and their allowed-token sets (kept by the context, so that later
+    // calls with the same schema start warm); required.
+    GrammarCache * grammars = nullptr;
+};
+
+class Scheduler {
+public:
+    // `batch` must hold at least options.n_batch tokens; every choice that differs between
+    // a CPU and a GPU comes in options.policy (step_policy.hpp).
+    Scheduler(const Model & model, llama_context * ctx, llama_batch & batch, const SchedulerOptions & options,
+              Stats & stats);
+    // Cancels whatever is still queued or running, so the context is left clean.
+    ~Scheduler();
+    Scheduler(const Scheduler &) = delete;
+    Scheduler & operator=(const Scheduler &) = delete;
+
+    void enqueue(Request request);
+    bool idle() const;
+    // One round: admit queued requests into free slots, build one batch, decode, sample,
+    // retire finished slots.
+    void step();
+    // Ends every queued and running request with finish_reason "cancelled" and removes
+    // their KV. Never throws.
+    void cancel_all() noexcept;
+    // Ends a request that never got a slot (its on_done gets an empty completion).
+    static void complete_unstarted(Request & request, FinishReason reason, const std::string & error);
+
+private:
+    struct Slot;
+
+    void reap_cancelled();
+    void choose_sampler(Slot & slot, const GenerateParams & params, uint32_t seed);
+    void admit();
+    void share_prefixes();
+    void emit_text(Slot & slot);
+    void decode_group(std::vector<Slot *> group);
+    void score(const std::vector<Slot *> & group);
+    bool retire_scored();
+    void sample(const std::vector<Slot *> & slots);
+    void accept_token(Slot & slot, llama_token token, float logprob, std::vector<std::pair<llama_token, float>> & top);
+    void finish(Slot & slot, FinishReason reason, const std::string & error = std::string());
+
+    const Model & model_;
+    llama_context * ctx_;
+    ThreadGovernor * threads_;
+    llama_memory_t mem_;
+    llama_batch & batch_;
+    int32_t n_batch_;
+    int32_t n_ctx_seq_;
+    Stats & stats_;
+    TaskPool * pool_;
+    DeviceSampling * device_;
+    StepPolicy policy_;
+    TokenChooser chooser_;
+    GrammarCache & grammars_;  // json_schema and grammar constraints, compiled once each
+    PrefixSharing sharing_;  // for no slot unless policy_.share_prefixes or share_samples
+    std::vector<SharingSlot> sharing_slots_;  // reused each step
+    std::vector<SlotState> plan_slots_;       // reused each step
+    StepPlan plan_;                           // reused each step
+    std::vector<std::unique_ptr<Slot>> slots_;
+    std::deque<Request> queue_;
+    size_t prefill_rotation_ = 0;  // which slot's prompt goes first, for fairness
+    int32_t decode_waits_ = 0;     // steps in a row the decoding slots have waited
+};
+
+}  // namespace fastpar

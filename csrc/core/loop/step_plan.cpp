@@ -1,0 +1,98 @@
+#include "core/loop/step_plan.hpp"
+
+#include <algorithm>
+
+namespace fastpar {
+
+void plan_step(const std::vector<SlotState> & slots, const StepPolicy & policy, int32_t n_batch, size_t rotation,
+               int32_t decode_waits, StepPlan & out) {
+    const size_t n = slots.size();
+    out.slots.assign(n, SlotPlan{});
+    size_t n_decoding = 0;
+    size_t n_prompt_ready = 0;  // prompt tokens that could be decoded now
+    for (const SlotState & s : slots) {
+        if (!s.active) {
+            continue;
+        }
+        if (!s.prefilling) {
+            ++n_decoding;
+        } else if (!s.waiting) {
+            n_prompt_ready += s.left;
+        }
+    }
+    // The decoding slots' tokens and the prompt chunks would be separate forward passes
+    // anyway; once every prompt is in, all slots decode together in one.
+    const bool prompts_first = policy.prompts_first && n_decoding > 0 && decode_waits < policy.max_decode_waits &&
+                               n_prompt_ready >= static_cast<size_t>(n_batch) - n_decoding;
+    out.prompts_first = prompts_first;
+    out.decode_waits = prompts_first ? decode_waits + 1 : 0;
+
+    int32_t budget = n_batch;
+    if (!prompts_first) {
+        bool have_previous = false;
+        size_t previous = 0;  // the last decoding slot before i
+        for (size_t i = 0; i < n; ++i) {
+            if (!slots[i].active || slots[i].prefilling) {
+                continue;
+            }
+            out.slots[i].n_plan = 1;
+            --budget;
+            const size_t gap = have_previous ? i - previous - 1 : 0;
+            if (gap > 0 && gap <= policy.max_padded_gap) {
+                for (size_t q = previous + 1; q < i; ++q) {
+                    out.slots[q].pad = true;
+                    out.slots[q].n_plan = 1;
+                    --budget;
+                }
+            }
+            have_previous = true;
+            previous = i;
+        }
+    }
+
+    bool first = true;
+    for (size_t k = 0; k < n && budget > 0; ++k) {
+        const size_t i = (rotation + k) % n;
+        const SlotState & s = slots[i];
+        if (!s.active || !s.prefilling || s.waiting) {
+            continue;
+        }
+        SlotPlan & p = out.slots[i];
+        const auto room = static_cast<size_t>(budget + (p.pad ? 1 : 0));
+        if (!first && s.left > room) {
+            continue;
+        }
+        first = false;
+        p.n_plan = static_cast<int32_t>(std::min(s.left, room));
+        p.pad = false;
+        budget = static_cast<int32_t>(room) - p.n_plan;
+    }
+    if (policy.last_prompt_token_alone) {
+        // Rows with logits (a decoding slot's token, a chunk's last token when it ends its
+        // prompt) of different token counts come out of llama.cpp's passes out of batch
+        // order (step_policy.hpp): then every chunk that ends its prompt leaves its last
+        // token for a later step, where it goes alone. Rows all of one count (the usual
+        // generation step, or prompts of one length) come out in order and stay as planned.
+        int32_t count = 0;
+        bool differ = false;
+        for (size_t i = 0; i < n; ++i) {
+            const SlotPlan & p = out.slots[i];
+            const bool logits = p.n_plan > 0 && !p.pad &&
+                                (!slots[i].prefilling || static_cast<size_t>(p.n_plan) == slots[i].left);
+            if (logits) {
+                differ = differ || (count != 0 && p.n_plan != count);
+                count = p.n_plan;
+            }
+        }
+        for (size_t i = 0; differ && i < n; ++i) {
+            SlotPlan & p = out.slots[i];
+            if (slots[i].prefilling && !p.pad && p.n_plan > 1 && static_cast<size_t>(p.n_plan) == slots[i].left) {
+                --p.n_plan;
+                ++budget;
+            }
+        }
+    }
+    out.n_tokens = n_batch - budget;
+}
+
+}  // namespace fastpar

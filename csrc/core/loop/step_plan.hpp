@@ -1,0 +1,47 @@
+// Planning one step of the loop: which slots add which tokens to the batch. A pure
+// function over a plain description of the slots, so that its rules (GPU ones included)
+// are tested without a model (tests/test_step_plan.py).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "core/loop/step_policy.hpp"
+
+namespace fastpar {
+
+// One slot as the planner sees it; slots[i] is sequence i.
+struct SlotState {
+    bool active = false;      // holds a request
+    bool prefilling = false;  // still has prompt tokens to decode (else: decodes one token)
+    bool waiting = false;     // leaves its prompt prefix to another slot this step (prefix_sharing.hpp)
+    size_t left = 0;          // prompt tokens still to decode
+};
+
+struct SlotPlan {
+    int32_t n_plan = 0;  // tokens the slot adds to the batch (0: not in this step)
+    bool pad = false;    // adds one throw-away token only, to keep the step one forward pass
+};
+
+struct StepPlan {
+    std::vector<SlotPlan> slots;  // [seq]
+    int32_t decode_waits = 0;     // steps in a row the decoding slots have waited, after this one
+    bool prompts_first = false;   // this step the decoding slots wait for the prompts
+    int32_t n_tokens = 0;         // tokens in the batch, at most n_batch
+};
+
+// The rules, in order:
+// - Prompts first (policy.prompts_first): while prompt tokens ready to decode fill the
+//   batch beside the decoding slots, they take it and the decoding slots wait, at most
+//   policy.max_decode_waits steps in a row (`decode_waits` so far).
+// - Otherwise every decoding slot adds its one token (n_batch >= n_parallel leaves room),
+//   and a gap of at most policy.max_padded_gap idle slots between two of them is padded.
+// - Prompt chunks fill the rest of n_batch, starting from slot `rotation` so that none
+//   starves: the first takes what fits, the others go only whole (a cut prompt ends in a
+//   pass of its own next step). A padded slot that gets a chunk is no longer padding.
+// `out` is reused from step to step (no allocation once it has grown to the slots).
+void plan_step(const std::vector<SlotState> & slots, const StepPolicy & policy, int32_t n_batch, size_t rotation,
+               int32_t decode_waits, StepPlan & out);
+
+}  // namespace fastpar

@@ -1,0 +1,87 @@
+// Every choice of the one loop that differs between a CPU and a GPU, resolved once when a
+// Context is made (resolve_step_policy) and handed to the Scheduler; tests set it directly.
+// docs/internals.md says why each GPU rule pays there and not on a CPU.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+
+#include "core/threads/pool.hpp"
+
+namespace fastpar {
+
+// With one KV buffer per slot (kv_unified off), llama.cpp splits a batch into forward
+// passes of sequences with consecutive seq_ids and an equal number of tokens each:
+// decoding slots 3, 4 and 7 take two passes, not one. On a GPU a pass has a large fixed
+// cost and a token a small one, so a gap of up to this many idle slots between decoding
+// slots is padded with one throw-away token each (no logits, removed right after) and the
+// step stays one pass. On a CPU a token costs about as much as a pass's fixed part.
+constexpr size_t kMaxPaddedGapGpu = 32;
+
+// For streaming (the Engine): decoding slots let new prompts go first at most this many
+// steps in a row, so a running sequence still gets a token at least every
+// kStreamingDecodeWaits + 1 steps. generate_parallel, where only the total time counts,
+// lets prompts go first for as long as they fill a batch (kUnlimitedDecodeWaits).
+constexpr int32_t kStreamingDecodeWaits = 3;
+constexpr int32_t kUnlimitedDecodeWaits = std::numeric_limits<int32_t>::max();
+
+struct StepPolicy {
+    // Longest run of idle slots between decoding ones that a step pads (0: none).
+    size_t max_padded_gap = 0;
+    // Waiting prompts may take a whole batch while they fill it, the decoding slots
+    // waiting (step_plan.hpp), at most max_decode_waits steps in a row.
+    bool prompts_first = false;
+    int32_t max_decode_waits = kUnlimitedDecodeWaits;
+    // In a step whose rows with logits have different token counts (a prompt's last chunk
+    // beside decoding slots, or prompts of different lengths), a prompt's last token (the
+    // one whose logits choose its first token) is left for a later step, where it goes
+    // alone. With one KV buffer per slot llama.cpp computes a step as passes of an equal
+    // number of tokens per sequence, so such rows come out of order (a chunk's last token
+    // after the single tokens of higher seq_ids), and llama.cpp puts them back in batch
+    // order by swapping whole rows of the vocabulary's width, up to one swap a row (four
+    // arrays a row with device sampling), single-threaded: on a GPU with 256 slots and
+    // outputs of different lengths, more time than the decodes (docs/internals.md).
+    bool last_prompt_token_alone = false;
+    // Fewer than kMinPooled whole rows may have their first pass split over the pool's
+    // threads (token_chooser.hpp): rows a GPU has just copied out, read from memory.
+    bool split_rows = false;
+    // How the sampling pool hands out runs (TaskPool::Options::for_gpu_output on a GPU).
+    TaskPool::Options pool;
+    // Threads besides the sampling thread that compute a grammar state's whole allowed set
+    // together (structured output, GrammarCache): on a GPU the host's cores are idle while
+    // a step runs there, and a whole mask of a large vocabulary takes milliseconds on one
+    // of them. On a CPU they would take cores from llama.cpp's threads.
+    int32_t mask_workers = 0;
+    // Prompts that start alike copy the common prefix from one another's KV cache
+    // (prefix_sharing.hpp): asked for, more than one slot, and a cache copyable by position.
+    bool share_prefixes = false;
+    // Samples of one prompt (GenerateParams::n > 1) copy the prompt's KV cache from one
+    // another whatever share_prefixes says: more than one slot, a cache copyable by position.
+    bool share_samples = false;
+};
+
+// The policy of a context: `output_on_gpu` (Model::output_on_gpu), `kv_unified` (one KV
+// buffer for all sequences), `memory_copies_by_position` (plain attention caches: not
+// recurrent, hybrid or sliding-window), `share_prefixes` as asked, and the context's
+// slots and threads. Padding needs copyable memory too: a padded token is removed by
+// position afterwards.
+inline StepPolicy resolve_step_policy(bool output_on_gpu, bool kv_unified, bool memory_copies_by_position,
+                                      bool share_prefixes, int32_t n_parallel, int32_t n_threads) {
+    StepPolicy policy;
+    policy.max_padded_gap = output_on_gpu && !kv_unified && memory_copies_by_position ? kMaxPaddedGapGpu : 0;
+    policy.prompts_first = output_on_gpu && !kv_unified;
+    policy.last_prompt_token_alone = output_on_gpu && !kv_unified;
+    policy.max_decode_waits = kUnlimitedDecodeWaits;
+    policy.split_rows = output_on_gpu && n_threads > 1;
+    // On a GPU the pool's cores are idle while a step runs there: its workers wake ahead
+    // of the next step's sampling. On a CPU they would take cores from llama.cpp's threads.
+    policy.pool = output_on_gpu ? TaskPool::Options::for_gpu_output() : TaskPool::Options{};
+    policy.mask_workers = output_on_gpu ? std::max(0, n_threads - 1) : 0;
+    policy.share_prefixes = share_prefixes && n_parallel > 1 && memory_copies_by_position;
+    policy.share_samples = n_parallel > 1 && memory_copies_by_position;
+    return policy;
+}
+
+}  // namespace fastpar
