@@ -32,7 +32,7 @@ CHOICES = [
     [" woke up early", " ate a fish", " flew to the moon", " read the newspaper"],
 ]
 PAIRS = [(c, x) for c, xs in zip(CONTEXTS, CHOICES) for x in xs]
-# Rows of different batch shapes round differently (docs/design.md, performance.md
+# Rows of different batch shapes round differently (docs/design.md, internals.md
 # "Isolation, measured"); on the CPU the sums below agree far closer than this.
 BATCH_TOL = 1.0 if ON_GPU else 2e-3
 

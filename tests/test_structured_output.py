@@ -131,7 +131,7 @@ def test_grammar_costs_hook(model):
 def test_random_schemas_and_grammars_never_kill_the_process():
     """100 random constraints in a child process: it must exit normally, every
     unsupported schema rejected, and every finished schema output valid. bench/bench_structured.py
-    --fuzz runs more (docs/performance.md quotes the count)."""
+    --fuzz runs more (bench/results/design-measurements.md quotes the count)."""
     script = os.path.join(os.path.dirname(__file__), "structured_fuzz.py")
     r = subprocess.run([sys.executable, script, "1234", "100", "16"], capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
