@@ -1,7 +1,8 @@
 // fastpar._testing: what the tests and the benchmark harness reach inside the core, kept
-// out of the shipped module fastpar._core (CMake option FASTPAR_TESTING). The step
-// planner, prefix sharing, the text stream and token choosing are exposed alone, so that
-// their rules (the GPU-only ones too) are tested without a model.
+// out of the shipped module fastpar._core and out of libfastpar (CMake option
+// FASTPAR_TESTING). The step planner, prefix sharing, the text stream and token choosing
+// are exposed alone, so that their rules (the GPU-only ones too) are tested without a
+// model; the probes that only tests use are in csrc/testing/.
 #include <atomic>
 #include <chrono>
 #include <string>
@@ -28,6 +29,7 @@
 #include "core/structured/structured.hpp"
 #include "core/loop/text_stream.hpp"
 #include "core/sampling/token_chooser.hpp"
+#include "testing/probes.hpp"
 
 namespace py = pybind11;
 
@@ -94,12 +96,8 @@ void register_step_plan(py::module_ & m) {
         "generate_with_policy",
         [](Context & ctx, const std::vector<std::string> & texts, const std::vector<GenerateParams> & params,
            const StepPolicy & policy) {
-            std::vector<Prompt> prompts(texts.size());
-            for (size_t i = 0; i < texts.size(); ++i) {
-                prompts[i].text = texts[i];
-            }
             py::gil_scoped_release nogil;
-            return ctx.generate(prompts, params, {}, {}, &policy);
+            return ContextTesting::generate_with_policy(ctx, texts, params, policy);
         },
         py::arg("ctx"), py::arg("prompts"), py::arg("params"), py::arg("policy"),
         "Context.generate of text prompts with another step policy than the context's (a GPU's rules on a CPU).");
@@ -258,7 +256,7 @@ PYBIND11_MODULE(_testing, m) {
         py::arg("params"), py::arg("seed"), py::arg("logits"), py::arg("blocks"), py::arg("width"), py::arg("draws"),
         py::arg("split_rows") = 0, py::arg("pool_workers") = 0,
         "Tokens fastpar's host sampling picks next to those llama.cpp's own chain picks "
-        "(core/sampling/sampling.hpp, sample_against_llama).");
+        "(testing/probes.hpp, sample_against_llama).");
     m.def("device_serves", &LogitReducer::serves, py::arg("params"),
           "Whether device sampling may cut this request's rows down (LogitReducer::serves).");
     m.def(
