@@ -262,7 +262,7 @@ PYBIND11_MODULE(_testing, m) {
     m.def(
         "measure_grammar",
         [](const std::shared_ptr<Model> & model, const GenerateParams & params, const std::vector<llama_token> & tokens) {
-            const GrammarCosts c = measure_grammar(model->vocab(), params, tokens);
+            const GrammarCosts c = measure_grammar(*model, params, tokens);
             py::dict d;
             d["convert_ms"] = c.convert_ms;
             d["compile_ms"] = c.compile_ms;
@@ -275,7 +275,7 @@ PYBIND11_MODULE(_testing, m) {
             return d;
         },
         py::arg("model"), py::arg("params"), py::arg("tokens"),
-        "What a json_schema or grammar constraint costs (core/structured/structured.hpp, measure_grammar).");
+        "What a json_schema or grammar constraint costs (testing/probes.hpp, measure_grammar).");
     m.def(
         "compare_masks",
         [](const std::shared_ptr<Model> & model, const GenerateParams & params, int32_t steps, uint32_t seed,
@@ -283,7 +283,7 @@ PYBIND11_MODULE(_testing, m) {
             MaskComparison c;
             {
                 py::gil_scoped_release released;
-                c = compare_masks(model->vocab(), params, steps, seed, workers);
+                c = compare_masks(*model, params, steps, seed, workers);
             }
             py::dict d;
             d["n_states"] = c.n_states;
@@ -293,11 +293,14 @@ PYBIND11_MODULE(_testing, m) {
             return d;
         },
         py::arg("model"), py::arg("params"), py::arg("steps"), py::arg("seed"), py::arg("workers") = 0,
-        "Whole masks of the allowed-token sets against llama.cpp's, along a random walk (core/structured/structured.hpp).");
-    m.def("set_allowed_sets", &set_allowed_sets_enabled, py::arg("on"),
-          "Whether constrained rows share allowed-token sets by grammar state (on by default; read when\n"
-          "a call starts a constrained request). Off: each refusal masks with the row's grammar alone.");
-    m.def("allowed_sets", &allowed_sets_enabled, "Whether constrained rows share allowed-token sets.");
+        "Whole masks of the allowed-token sets against llama.cpp's, along a random walk (testing/probes.hpp).");
+    m.def("set_allowed_sets", &ContextTesting::set_allowed_sets, py::arg("ctx"), py::arg("on"),
+          py::call_guard<py::gil_scoped_release>(),
+          "Whether ctx's constrained rows share allowed-token sets by grammar state (its grammar cache's\n"
+          "option, on by default; read when a call starts a constrained request). Off: each refusal masks\n"
+          "with the row's grammar alone, the oracle the sets are compared with.");
+    m.def("allowed_sets", &ContextTesting::allowed_sets, py::arg("ctx"), py::call_guard<py::gil_scoped_release>(),
+          "Whether ctx's constrained rows share allowed-token sets.");
     m.def("stress_task_pool", &fastpar::python::stress_task_pool, py::call_guard<py::gil_scoped_release>(), py::arg("n_workers"),
           py::arg("runs"), py::arg("caller_spin_us") = 0, py::arg("anticipate_us") = 0,
           "Runs that broke the sampling pool's contract (testing.cpp, stress_task_pool).");

@@ -1,9 +1,9 @@
-// A Context's part the tests set, as its friend: the step policy of one call.
-// Context::generate itself runs the call.
+// A Context's parts the tests set, as its friend: the step policy of one call and the
+// grammar cache's allowed-sets option. Context::generate itself runs the call.
 #include <memory>
 #include <utility>
 
-#include "core/structured/structured.hpp"
+#include "core/structured/grammar_cache.hpp"
 #include "testing/probes.hpp"
 
 namespace fastpar {
@@ -37,6 +37,16 @@ std::vector<Completion> ContextTesting::generate_with_policy(Context & ctx, cons
         }
     } restore{ctx, own};
     return ctx.generate(prompts, params);
+}
+
+void ContextTesting::set_allowed_sets(Context & ctx, bool on) {
+    std::lock_guard<std::mutex> lock(ctx.mutex_);
+    grammars(ctx).set_allowed_sets(on);
+}
+
+bool ContextTesting::allowed_sets(Context & ctx) {
+    std::lock_guard<std::mutex> lock(ctx.mutex_);
+    return !ctx.grammars_ || ctx.grammars_->allowed_sets();
 }
 
 }  // namespace fastpar

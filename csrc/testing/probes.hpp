@@ -41,7 +41,37 @@ std::pair<std::vector<llama_token>, std::vector<llama_token>> sample_against_lla
 const char * way_name(TokenChooser::Way way);
 
 // ---------------------------------------------------------------------------
-// A Context's part the tests set (context_probes.cpp; Context's friend)
+// Structured output (grammar_probes.cpp)
+// ---------------------------------------------------------------------------
+
+// For the benchmark (bench/bench_structured.py): what the constraint of `params` costs with
+// `model`'s vocabulary, walking the token sequence `tokens` (which it must allow).
+// Milliseconds: the conversion to GBNF (uncached), one compile, one copy of the compiled
+// grammar, and per token on average: masking the whole vocabulary with the grammar, and
+// checking one token.
+struct GrammarCosts {
+    double convert_ms = 0, compile_ms = 0, clone_ms = 0, mask_ms = 0, check_ms = 0;
+    int32_t n_allowed_first = 0;  // tokens the grammar allows at the start
+    double tree_ms = 0;        // building the vocabulary's TokenTree (once per GrammarCache)
+    double mask_tree_ms = 0;   // per token: a whole mask as AllowedSets computes it
+};
+GrammarCosts measure_grammar(const Model & model, const GenerateParams & params, const std::vector<llama_token> & tokens);
+
+// For the tests: walks `steps` tokens of `params`' constraint, each drawn at random (with
+// `seed`) among those the grammar allows, and at every state compares the whole mask
+// AllowedSets computes (TokenTree, on `workers` threads besides the caller) with
+// llama.cpp's mask of the whole vocabulary.
+struct MaskComparison {
+    int32_t n_states = 0;    // states walked
+    int32_t n_compared = 0;  // of them, states TokenTree serves
+    int32_t n_differ = 0;    // of those, states where the two masks differ
+    int32_t n_partial = 0;   // of them, states with a partly decoded character
+};
+MaskComparison compare_masks(const Model & model, const GenerateParams & params, int32_t steps, uint32_t seed,
+                             int32_t workers = 0);
+
+// ---------------------------------------------------------------------------
+// A Context's parts the tests set (context_probes.cpp; Context's friend)
 // ---------------------------------------------------------------------------
 struct ContextTesting {
     // Context::generate of text prompts with another step policy than the context's (a
@@ -50,6 +80,10 @@ struct ContextTesting {
     static std::vector<Completion> generate_with_policy(Context & ctx, const std::vector<std::string> & texts,
                                                         const std::vector<GenerateParams> & params,
                                                         const StepPolicy & policy);
+    // Whether the context's constrained rows share allowed-token sets (GrammarCache's
+    // option; on by default). Off: each refusal masks with the row's grammar alone.
+    static void set_allowed_sets(Context & ctx, bool on);
+    static bool allowed_sets(Context & ctx);
 
 private:
     // The context's grammar cache, made as Context::with_scheduler makes it (with the

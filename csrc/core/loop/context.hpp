@@ -77,8 +77,8 @@ public:
     const std::shared_ptr<const Model> & model() const { return model_; }
 
 private:
-    // fastpar._testing's probes (csrc/testing/probes.hpp) set the step policy of a call;
-    // nothing of them is in libfastpar.
+    // fastpar._testing's probes (csrc/testing/probes.hpp) set the step policy and the grammar
+    // cache's option; nothing of them is in libfastpar.
     friend struct ContextTesting;
 
     void warm_up();
