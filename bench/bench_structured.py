@@ -146,11 +146,11 @@ def main() -> int:
             rep = {"unconstrained": run(ctx, ps, plain), "constrained": run(ctx, ps, constrained),
                    "constrained_warm": run(ctx, ps, constrained)}
             if args.without_sets:
-                _testing.set_allowed_sets(False)
+                _testing.set_allowed_sets(ctx._ctx, False)
                 try:
                     rep["constrained_without_sets"] = run(ctx, ps, constrained)
                 finally:
-                    _testing.set_allowed_sets(True)
+                    _testing.set_allowed_sets(ctx._ctx, True)
             lengths = rep["constrained"]["lengths"]
             rep["unconstrained_matched"] = run(ctx, ps, matched_params(lengths))
             mean = round(sum(lengths) / len(lengths))

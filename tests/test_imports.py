@@ -191,6 +191,33 @@ def test_shared_objects_export_their_interface_only():
     assert not problems, "\n".join(problems)
 
 
+# The test and benchmark probes live in fastpar._testing alone (csrc/testing/), never in
+# libfastpar. Itanium mangling spells every identifier out as written (its length before
+# it), so a function's name is a substring of its symbol. The step-policy override was
+# Context::generate taking a StepPolicy.
+PROBES = ("sample_against_llama", "measure_grammar", "compare_masks", "way_name")
+POLICY_OVERRIDE = re.compile(r"7Context8generate.*10StepPolicy")
+# What fastpar._testing offers of them: way_name is choose_way's answer.
+TESTING_PROBES = ("sample_against_llama", "measure_grammar", "compare_masks", "choose_way", "generate_with_policy",
+                  "set_allowed_sets", "allowed_sets")
+
+
+def test_probes_are_in_the_test_module_not_in_libfastpar():
+    if not sys.platform.startswith("linux"):
+        pytest.skip("ELF shared objects (Linux) only")
+    pytest.importorskip("elftools")
+    from fastpar import _testing
+
+    libs = [p for p in shipped_shared_objects() if p.name == "libfastpar.so"]
+    assert len(libs) == 1, libs
+    exported = exported_symbols(libs[0])
+    assert any("7Context8generate" in s for s in exported)  # the names are there to be read
+    leaked = sorted(s for s in exported if any(p in s for p in PROBES) or POLICY_OVERRIDE.search(s))
+    assert not leaked, leaked
+    missing = [name for name in TESTING_PROBES if not callable(getattr(_testing, name, None))]
+    assert not missing, missing
+
+
 # ---------------------------------------------------------------------------
 # As a script, for a GPU machine
 # ---------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Allowed-token sets shared by grammar state (core/structured/structured.cpp, docs/internals.md):
+"""Allowed-token sets shared by grammar state (core/structured/allowed_sets.*, docs/internals.md):
 outputs are those of masking with each row's grammar alone, and rows in one state reuse a
 set computed once."""
 
@@ -29,14 +29,16 @@ def run(ctx, prompts, p):
 
 
 def with_and_without_sets(ctx, prompts, p):
-    """run() with the allowed-token sets on, then off: (outputs, counts) of each."""
-    assert _testing.allowed_sets()
+    """run() with the context's allowed-token sets on, then off (its grammar cache's
+    option, the oracle): (outputs, counts) of each."""
+    assert _testing.allowed_sets(ctx._ctx)
     on = run(ctx, prompts, p)
-    _testing.set_allowed_sets(False)
+    _testing.set_allowed_sets(ctx._ctx, False)
     try:
+        assert not _testing.allowed_sets(ctx._ctx)
         off = run(ctx, prompts, p)
     finally:
-        _testing.set_allowed_sets(True)
+        _testing.set_allowed_sets(ctx._ctx, True)
     return on, off
 
 

@@ -1,7 +1,8 @@
 // fastpar._testing: what the tests and the benchmark harness reach inside the core, kept
-// out of the shipped module fastpar._core (CMake option FASTPAR_TESTING). The step
-// planner, prefix sharing, the text stream and token choosing are exposed alone, so that
-// their rules (the GPU-only ones too) are tested without a model.
+// out of the shipped module fastpar._core and out of libfastpar (CMake option
+// FASTPAR_TESTING). The step planner, prefix sharing, the text stream and token choosing
+// are exposed alone, so that their rules (the GPU-only ones too) are tested without a
+// model; the probes that only tests use are in csrc/testing/.
 #include <atomic>
 #include <chrono>
 #include <string>
@@ -28,6 +29,7 @@
 #include "core/structured/structured.hpp"
 #include "core/loop/text_stream.hpp"
 #include "core/sampling/token_chooser.hpp"
+#include "testing/probes.hpp"
 
 namespace py = pybind11;
 
@@ -94,12 +96,8 @@ void register_step_plan(py::module_ & m) {
         "generate_with_policy",
         [](Context & ctx, const std::vector<std::string> & texts, const std::vector<GenerateParams> & params,
            const StepPolicy & policy) {
-            std::vector<Prompt> prompts(texts.size());
-            for (size_t i = 0; i < texts.size(); ++i) {
-                prompts[i].text = texts[i];
-            }
             py::gil_scoped_release nogil;
-            return ctx.generate(prompts, params, {}, {}, &policy);
+            return ContextTesting::generate_with_policy(ctx, texts, params, policy);
         },
         py::arg("ctx"), py::arg("prompts"), py::arg("params"), py::arg("policy"),
         "Context.generate of text prompts with another step policy than the context's (a GPU's rules on a CPU).");
@@ -258,13 +256,13 @@ PYBIND11_MODULE(_testing, m) {
         py::arg("params"), py::arg("seed"), py::arg("logits"), py::arg("blocks"), py::arg("width"), py::arg("draws"),
         py::arg("split_rows") = 0, py::arg("pool_workers") = 0,
         "Tokens fastpar's host sampling picks next to those llama.cpp's own chain picks "
-        "(core/sampling/sampling.hpp, sample_against_llama).");
+        "(testing/probes.hpp, sample_against_llama).");
     m.def("device_serves", &LogitReducer::serves, py::arg("params"),
           "Whether device sampling may cut this request's rows down (LogitReducer::serves).");
     m.def(
         "measure_grammar",
         [](const std::shared_ptr<Model> & model, const GenerateParams & params, const std::vector<llama_token> & tokens) {
-            const GrammarCosts c = measure_grammar(model->vocab(), params, tokens);
+            const GrammarCosts c = measure_grammar(*model, params, tokens);
             py::dict d;
             d["convert_ms"] = c.convert_ms;
             d["compile_ms"] = c.compile_ms;
@@ -277,7 +275,7 @@ PYBIND11_MODULE(_testing, m) {
             return d;
         },
         py::arg("model"), py::arg("params"), py::arg("tokens"),
-        "What a json_schema or grammar constraint costs (core/structured/structured.hpp, measure_grammar).");
+        "What a json_schema or grammar constraint costs (testing/probes.hpp, measure_grammar).");
     m.def(
         "compare_masks",
         [](const std::shared_ptr<Model> & model, const GenerateParams & params, int32_t steps, uint32_t seed,
@@ -285,7 +283,7 @@ PYBIND11_MODULE(_testing, m) {
             MaskComparison c;
             {
                 py::gil_scoped_release released;
-                c = compare_masks(model->vocab(), params, steps, seed, workers);
+                c = compare_masks(*model, params, steps, seed, workers);
             }
             py::dict d;
             d["n_states"] = c.n_states;
@@ -295,11 +293,14 @@ PYBIND11_MODULE(_testing, m) {
             return d;
         },
         py::arg("model"), py::arg("params"), py::arg("steps"), py::arg("seed"), py::arg("workers") = 0,
-        "Whole masks of the allowed-token sets against llama.cpp's, along a random walk (core/structured/structured.hpp).");
-    m.def("set_allowed_sets", &set_allowed_sets_enabled, py::arg("on"),
-          "Whether constrained rows share allowed-token sets by grammar state (on by default; read when\n"
-          "a call starts a constrained request). Off: each refusal masks with the row's grammar alone.");
-    m.def("allowed_sets", &allowed_sets_enabled, "Whether constrained rows share allowed-token sets.");
+        "Whole masks of the allowed-token sets against llama.cpp's, along a random walk (testing/probes.hpp).");
+    m.def("set_allowed_sets", &ContextTesting::set_allowed_sets, py::arg("ctx"), py::arg("on"),
+          py::call_guard<py::gil_scoped_release>(),
+          "Whether ctx's constrained rows share allowed-token sets by grammar state (its grammar cache's\n"
+          "option, on by default; read when a call starts a constrained request). Off: each refusal masks\n"
+          "with the row's grammar alone, the oracle the sets are compared with.");
+    m.def("allowed_sets", &ContextTesting::allowed_sets, py::arg("ctx"), py::call_guard<py::gil_scoped_release>(),
+          "Whether ctx's constrained rows share allowed-token sets.");
     m.def("stress_task_pool", &fastpar::python::stress_task_pool, py::call_guard<py::gil_scoped_release>(), py::arg("n_workers"),
           py::arg("runs"), py::arg("caller_spin_us") = 0, py::arg("anticipate_us") = 0,
           "Runs that broke the sampling pool's contract (testing.cpp, stress_task_pool).");

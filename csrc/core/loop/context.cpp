@@ -254,8 +254,7 @@ std::vector<Completion> Context::generate(const std::vector<Prompt> & prompts, c
 std::vector<Completion> Context::generate(const std::vector<Prompt> & prompts,
                                           const std::vector<GenerateParams> & params,
                                           const std::function<bool()> & interrupt,
-                                          const std::function<void(size_t, const Completion &)> & on_completion,
-                                          const StepPolicy * policy) {
+                                          const std::function<void(size_t, const Completion &)> & on_completion) {
     if (params.size() != 1 && params.size() != prompts.size()) {
         throw InvalidArgument("params must hold one entry for every prompt (" + std::to_string(prompts.size()) +
                               ") or one for all, got " + std::to_string(params.size()));
@@ -294,7 +293,7 @@ std::vector<Completion> Context::generate(const std::vector<Prompt> & prompts,
 #endif
     };
     try {
-        with_scheduler(stats, policy != nullptr ? *policy : policy_, [&](Scheduler & scheduler) {
+        with_scheduler(stats, policy_, [&](Scheduler & scheduler) {
             size_t k = 0;  // index into results
             for (size_t i = 0; i < prompts.size(); ++i) {
                 const size_t e = entry(i);

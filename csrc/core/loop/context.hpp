@@ -42,12 +42,9 @@ public:
     // `on_completion` gets that flat index. The prompt is decoded once and its KV cache
     // copied to its other samples (StepPolicy::share_samples). A seed of -1 is drawn once
     // per entry of `params`: with one entry for all, every prompt gets the same seed.
-    // `policy`, when given, replaces the context's step policy for this call (its pool
-    // options stay the context's): the tests run a GPU's step rules on a CPU with it.
     std::vector<Completion> generate(const std::vector<Prompt> & prompts, const std::vector<GenerateParams> & params,
                                      const std::function<bool()> & interrupt = {},
-                                     const std::function<void(size_t, const Completion &)> & on_completion = {},
-                                     const StepPolicy * policy = nullptr);
+                                     const std::function<void(size_t, const Completion &)> & on_completion = {});
 
     // Gives `body` a Scheduler over this context, with exclusive use of it until `body`
     // returns (the Engine's worker holds it for its whole life). Whatever the scheduler
@@ -80,6 +77,10 @@ public:
     const std::shared_ptr<const Model> & model() const { return model_; }
 
 private:
+    // fastpar._testing's probes (csrc/testing/probes.hpp) set the step policy and the grammar
+    // cache's option; nothing of them is in libfastpar.
+    friend struct ContextTesting;
+
     void warm_up();
     void release();  // frees the llama.cpp context and batch (the destructor's work)
     // The most tokens one step may hold: n_batch, but never more than the context holds (as

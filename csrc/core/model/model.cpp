@@ -150,6 +150,7 @@ std::vector<llama_token> Model::tokenize(const std::string & text, bool parse_sp
 bool Model::add_bos() const { return llama_vocab_get_add_bos(vocab_); }
 llama_token Model::token_bos() const { return llama_vocab_bos(vocab_); }
 llama_token Model::token_eos() const { return llama_vocab_eos(vocab_); }
+bool Model::is_eog(llama_token token) const { return llama_vocab_is_eog(vocab_, token); }
 
 std::string Model::token_piece(llama_token token) const {
     char buf[128];

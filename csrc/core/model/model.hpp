@@ -26,6 +26,7 @@ public:
     bool add_bos() const;           // the vocabulary puts BOS before a text it tokenizes
     llama_token token_bos() const;  // -1 = none
     llama_token token_eos() const;  // -1 = none
+    bool is_eog(llama_token token) const;  // an end-of-generation token (EOS, EOT, ...)
     int32_t n_ctx_train() const;
     std::string description() const;
     bool has_chat_template() const { return chat_template_ != nullptr; }

@@ -27,6 +27,8 @@ uint32_t resolve_seed(const GenerateParams & params) {
     return rd();
 }
 
+void SamplerDeleter::operator()(llama_sampler * s) const { llama_sampler_free(s); }
+
 bool has_penalties(const GenerateParams & p) {
     return p.repeat_penalty != 1.0f || p.frequency_penalty != 0.0f || p.presence_penalty != 0.0f;
 }
@@ -206,8 +208,10 @@ bool better(const llama_token_data & a, const llama_token_data & b) {
     return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
 }
 
+}  // namespace
+
 // Runs the chain over candidates `cur` (best first when `sorted`), accepts and returns its choice.
-llama_token apply_chain(llama_sampler * chain, std::vector<llama_token_data> & cur, bool sorted, bool accept = true) {
+llama_token apply_chain(llama_sampler * chain, std::vector<llama_token_data> & cur, bool sorted, bool accept) {
     llama_token_data_array cur_p = {cur.data(), cur.size(), -1, sorted};
     llama_sampler_apply(chain, &cur_p);
     if (cur_p.selected < 0 || cur_p.selected >= static_cast<int64_t>(cur_p.size)) {
@@ -219,8 +223,6 @@ llama_token apply_chain(llama_sampler * chain, std::vector<llama_token_data> & c
     }
     return token;
 }
-
-}  // namespace
 
 bool best_candidates(const LogitRow & row, size_t k, std::vector<llama_token_data> & cur) {
     // Every block's largest logit first (NaN counts as -inf): k blocks reach the k-th
@@ -333,58 +335,6 @@ void choose_split(TaskPool & pool, std::vector<LogitRow> & rows, std::vector<flo
             pick(i);
         }
     });
-}
-
-std::pair<std::vector<llama_token>, std::vector<llama_token>> sample_against_llama(
-    const GenerateParams & params, uint32_t seed, const std::vector<float> & logits,
-    const std::vector<llama_token> & blocks, int32_t width, int32_t draws, int32_t split_rows,
-    int32_t pool_workers) {
-    const auto n = static_cast<int32_t>(logits.size());
-    std::vector<float> kept;
-    LogitRow row{logits.data(), n};
-    if (!blocks.empty()) {
-        for (const llama_token b : blocks) {
-            if (width <= 0 || b < 0 || static_cast<int64_t>(b + 1) * width > n) {
-                throw InvalidArgument("a block lies outside the row");
-            }
-            kept.insert(kept.end(), logits.begin() + b * width, logits.begin() + (b + 1) * width);
-        }
-        row = LogitRow{kept.data(), static_cast<int32_t>(kept.size()), blocks.data(), width};
-    }
-    if (split_rows > 0 && !splits(params, row)) {
-        throw InvalidArgument("split_rows needs a whole row and a chain that splits()");
-    }
-    const auto copies = static_cast<size_t>(std::max(split_rows, 1));
-    std::vector<SamplerPtr> ours;
-    for (size_t c = 0; c < copies; ++c) {
-        ours.push_back(make_sampler(params, seed, n));
-    }
-    SamplerPtr theirs = make_sampler(params, seed, n);
-    std::unique_ptr<TaskPool> pool;
-    if (split_rows > 0) {
-        pool = std::make_unique<TaskPool>(std::max(pool_workers, 0), TaskPool::Options::for_gpu_output());
-    }
-    std::vector<llama_token_data> cur, whole(static_cast<size_t>(n));
-    std::vector<float> buffer;
-    std::pair<std::vector<llama_token>, std::vector<llama_token>> out;
-    for (int32_t d = 0; d < draws; ++d) {
-        if (pool) {
-            std::vector<LogitRow> rows(copies, row);
-            std::vector<llama_token> picked(copies, LLAMA_TOKEN_NULL);
-            choose_split(*pool, rows, buffer, [&](size_t i) {
-                thread_local std::vector<llama_token_data> cur_i;
-                picked[i] = sample_logits(ours[i].get(), params, rows[i], cur_i);
-            });
-            out.first.insert(out.first.end(), picked.begin(), picked.end());
-        } else {
-            out.first.push_back(sample_logits(ours[0].get(), params, row, cur));
-        }
-        for (int32_t t = 0; t < n; ++t) {
-            whole[static_cast<size_t>(t)] = llama_token_data{t, logits[static_cast<size_t>(t)], 0.0f};
-        }
-        out.second.insert(out.second.end(), copies, apply_chain(theirs.get(), whole, false));
-    }
-    return out;
 }
 
 float token_logprob(const float * logits, int32_t n_vocab, llama_token token) {

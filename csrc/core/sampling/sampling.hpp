@@ -14,7 +14,7 @@
 namespace fastpar {
 
 struct SamplerDeleter {
-    void operator()(llama_sampler * s) const { llama_sampler_free(s); }
+    void operator()(llama_sampler * s) const;
 };
 using SamplerPtr = std::unique_ptr<llama_sampler, SamplerDeleter>;
 
@@ -52,6 +52,10 @@ struct LogitRow {
 llama_token sample_logits(llama_sampler * chain, const GenerateParams & params, const LogitRow & row,
                           std::vector<llama_token_data> & cur, bool accept = true);
 
+// llama.cpp's own way of choosing: `chain` applied to every candidate of `cur` (best first
+// when `sorted`); returns its choice, which the chain accepts unless `accept` is false.
+llama_token apply_chain(llama_sampler * chain, std::vector<llama_token_data> & cur, bool sorted, bool accept = true);
+
 // The k best candidates of `row` (k > 0), best first: larger logit, then lower id, as
 // llama.cpp's greedy and top-k samplers rank them; all of them when the row has fewer.
 // Found from the row's block maxima without ranking the whole row. False for a row of
@@ -73,20 +77,6 @@ bool splits(const GenerateParams & params, const LogitRow & row);
 // threads, as in TaskPool::run, whose exceptions it passes on.
 void choose_split(TaskPool & pool, std::vector<LogitRow> & rows, std::vector<float> & buffer,
                   const std::function<void(size_t)> & pick);
-
-// For tests: `draws` tokens sample_logits picks with the chain `params` builds, from the
-// whole row `logits` or, when `blocks` is not empty, from those blocks of `width` logits
-// (as device sampling hands them over), next to the tokens llama.cpp's own chain picks
-// applying every sampler to the whole row; both chains start from `seed`. With
-// `split_rows` > 0 (a whole row that splits()), each draw chooses from that many copies of
-// the row at once through choose_split on a pool of `pool_workers` workers with the
-// options of a GPU's output, each copy with its own chain from `seed`: every copy's token
-// is returned, one draw after another. It lives here, not in the test module, because
-// llama.cpp's samplers are private to libfastpar; only fastpar._testing binds it.
-std::pair<std::vector<llama_token>, std::vector<llama_token>> sample_against_llama(
-    const GenerateParams & params, uint32_t seed, const std::vector<float> & logits,
-    const std::vector<llama_token> & blocks, int32_t width, int32_t draws, int32_t split_rows = 0,
-    int32_t pool_workers = 0);
 
 // log softmax(logits)[token], over the whole vocabulary.
 float token_logprob(const float * logits, int32_t n_vocab, llama_token token);

@@ -86,6 +86,4 @@ private:
     std::vector<float> split_maxima_;  // whole rows' block maxima when a step splits them
 };
 
-const char * way_name(TokenChooser::Way way);
-
 }  // namespace fastpar

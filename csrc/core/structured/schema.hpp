@@ -1,0 +1,27 @@
+// JSON schemas for structured output: checked against the features the converter enforces
+// and turned into GBNF by the vendored llama.cpp's converter (common/json-schema-to-grammar).
+// docs/api.md lists the JSON-schema features supported.
+#pragma once
+
+#include <string>
+
+#include "core/base/params.hpp"
+
+namespace fastpar {
+
+inline bool constrained(const GenerateParams & params) { return !params.json_schema.empty() || !params.grammar.empty(); }
+
+// Throws InvalidArgument when `schema` is not JSON, uses a feature outside the supported
+// list (naming it and where), or the converter cannot turn it into a grammar. What it
+// converts is kept (by text), so checking every prompt of a call costs one conversion.
+void validate_json_schema(const std::string & schema);
+
+// The GBNF that constrains `params`: its grammar, or its JSON schema converted (a schema
+// that validate_json_schema rejects throws InvalidArgument).
+std::string constraint_grammar(const GenerateParams & params);
+
+// One conversion of `schema` to GBNF, checked as validate_json_schema checks it, and not
+// kept: what the two functions above cost the first time they see a schema.
+std::string convert_json_schema(const std::string & schema);
+
+}  // namespace fastpar

@@ -1,0 +1,52 @@
+// A Context's parts the tests set, as its friend: the step policy of one call and the
+// grammar cache's allowed-sets option. Context::generate itself runs the call.
+#include <memory>
+#include <utility>
+
+#include "core/structured/grammar_cache.hpp"
+#include "testing/probes.hpp"
+
+namespace fastpar {
+
+GrammarCache & ContextTesting::grammars(Context & ctx) {
+    if (!ctx.grammars_) {
+        ctx.grammars_ = std::make_unique<GrammarCache>(ctx.model_->vocab(), ctx.policy_.mask_workers);
+    }
+    return *ctx.grammars_;
+}
+
+std::vector<Completion> ContextTesting::generate_with_policy(Context & ctx, const std::vector<std::string> & texts,
+                                                             const std::vector<GenerateParams> & params,
+                                                             const StepPolicy & policy) {
+    std::vector<Prompt> prompts(texts.size());
+    for (size_t i = 0; i < texts.size(); ++i) {
+        prompts[i].text = texts[i];
+    }
+    StepPolicy own;
+    {
+        std::lock_guard<std::mutex> lock(ctx.mutex_);
+        grammars(ctx);  // with the context's mask workers, not this call's
+        own = std::exchange(ctx.policy_, policy);
+    }
+    struct Restore {
+        Context & ctx;
+        StepPolicy & own;
+        ~Restore() {
+            std::lock_guard<std::mutex> lock(ctx.mutex_);
+            ctx.policy_ = own;
+        }
+    } restore{ctx, own};
+    return ctx.generate(prompts, params);
+}
+
+void ContextTesting::set_allowed_sets(Context & ctx, bool on) {
+    std::lock_guard<std::mutex> lock(ctx.mutex_);
+    grammars(ctx).set_allowed_sets(on);
+}
+
+bool ContextTesting::allowed_sets(Context & ctx) {
+    std::lock_guard<std::mutex> lock(ctx.mutex_);
+    return !ctx.grammars_ || ctx.grammars_->allowed_sets();
+}
+
+}  // namespace fastpar
