@@ -89,40 +89,18 @@ Prompt to_prompt(const PromptIn & in) {
 }
 
 void register_generate(py::module_ & m) {
-    py::class_<ContextParams>(m, "ContextParams", "Options of a context; defaults are fastpar's.")
-        .def(py::init<>())
-        .def_readwrite("n_parallel", &ContextParams::n_parallel)
-        .def_readwrite("n_ctx_per_seq", &ContextParams::n_ctx_per_seq)
-        .def_readwrite("n_batch", &ContextParams::n_batch)
-        .def_readwrite("n_threads", &ContextParams::n_threads)
-        .def_readwrite("kv_unified", &ContextParams::kv_unified)
-        .def_readwrite("device_sampling", &ContextParams::device_sampling)
-        .def_readwrite("share_prefixes", &ContextParams::share_prefixes)
-        .def_readwrite("warmup", &ContextParams::warmup);
-
-    py::class_<GenerateParams>(m, "GenerateParams", "Options of a generate call; defaults are fastpar's.")
-        .def(py::init<>())
-        .def_readwrite("max_tokens", &GenerateParams::max_tokens)
-        .def_readwrite("temperature", &GenerateParams::temperature)
-        .def_readwrite("top_k", &GenerateParams::top_k)
-        .def_readwrite("top_p", &GenerateParams::top_p)
-        .def_readwrite("min_p", &GenerateParams::min_p)
-        .def_readwrite("repeat_penalty", &GenerateParams::repeat_penalty)
-        .def_readwrite("presence_penalty", &GenerateParams::presence_penalty)
-        .def_readwrite("frequency_penalty", &GenerateParams::frequency_penalty)
-        .def_readwrite("repeat_last_n", &GenerateParams::repeat_last_n)
-        .def_readwrite("seed", &GenerateParams::seed)
-        .def_readwrite("stop", &GenerateParams::stop)
-        .def_readwrite("ignore_eos", &GenerateParams::ignore_eos)
-        .def_readwrite("logprobs", &GenerateParams::logprobs)
-        .def_readwrite("n", &GenerateParams::n)
-        .def_readwrite("top_logprobs", &GenerateParams::top_logprobs)
-        .def_readwrite("json_schema", &GenerateParams::json_schema)
-        .def_readwrite("grammar", &GenerateParams::grammar)
-        .def_readwrite("prompt_logprobs", &GenerateParams::prompt_logprobs)
-        .def_readwrite("prompt_logprobs_from", &GenerateParams::prompt_logprobs_from)
-        .def("validate", [](const GenerateParams & p) { validate(p); },
-             "Raises ValueError naming the first option out of range.");
+    {
+        py::class_<ContextParams> options(m, "ContextParams", "Options of a context; defaults are fastpar's.");
+        options.def(py::init<>());
+        FASTPAR_CONTEXT_FIELDS(FASTPAR_PY_OPTION)
+    }
+    {
+        py::class_<GenerateParams> options(m, "GenerateParams", "Options of a generate call; defaults are fastpar's.");
+        options.def(py::init<>());
+        FASTPAR_GENERATE_FIELDS(FASTPAR_PY_OPTION)
+        options.def("validate", [](const GenerateParams & p) { validate(p); },
+                    "Raises ValueError naming the first option out of range.");
+    }
     m.attr("MAX_TOP_LOGPROBS") = kMaxTopLogprobs;
 
     auto completion = py::class_<Completion>(m, "Completion", "The answer to one prompt.")

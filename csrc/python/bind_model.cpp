@@ -48,10 +48,11 @@ void register_errors(py::module_ & m) {
 }
 
 void register_model(py::module_ & m) {
-    py::class_<ModelParams>(m, "ModelParams", "Options of a model load; defaults are fastpar's.")
-        .def(py::init<>())
-        .def_readwrite("n_gpu_layers", &ModelParams::n_gpu_layers)
-        .def_readwrite("use_mmap", &ModelParams::use_mmap);
+    {
+        py::class_<ModelParams> options(m, "ModelParams", "Options of a model load; defaults are fastpar's.");
+        options.def(py::init<>());
+        FASTPAR_MODEL_FIELDS(FASTPAR_PY_OPTION)
+    }
 
     py::class_<Model, std::shared_ptr<Model>>(m, "Model", "A GGUF model loaded with llama.cpp.")
         .def(py::init<const std::string &, const ModelParams &>(), py::arg("path"), py::arg("params"),
