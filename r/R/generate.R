@@ -101,6 +101,20 @@ generate_parallel <- function(ctx, prompts, max_tokens = NULL, temperature = NUL
   res
 }
 
+# The options each function passes to the C library besides its named arguments: those it
+# takes in `...`. .options() lists all of a function's options; tests/test_fields.py checks
+# them against the options fastpar_fields.h gives R.
+.extra_options <- list(
+  model = character(),
+  context = c("n_batch", "device_sampling", "warmup", "kv_unified", "share_prefixes"),
+  generate = c("grammar", "logprobs", "presence_penalty", "frequency_penalty", "repeat_last_n")
+)
+
+.options <- function(what) {
+  f <- switch(what, model = fastpar_model, context = fastpar_context, generate = generate_parallel)
+  c(setdiff(names(formals(f)), c("path", "model", "ctx", "prompts", "...")), .extra_options[[what]])
+}
+
 # The call was interrupted: fastpar cancelled it and cleared the context. Signal the
 # interrupt as R does (handlers for "interrupt" see it); unhandled, return to the top level.
 .interrupted <- function(call) {

@@ -26,20 +26,6 @@
   x
 }
 
-# The options each function passes to the C library besides its named arguments: those it
-# takes in `...`. .options() lists all of a function's options; tests/test_fields.py checks
-# them against the options fastpar_fields.h gives R.
-.extra_options <- list(
-  model = character(),
-  context = c("n_batch", "device_sampling", "warmup", "kv_unified", "share_prefixes"),
-  generate = c("grammar", "logprobs", "presence_penalty", "frequency_penalty", "repeat_last_n")
-)
-
-.options <- function(what) {
-  f <- switch(what, model = fastpar_model, context = fastpar_context, generate = generate_parallel)
-  c(setdiff(names(formals(f)), c("path", "model", "ctx", "prompts", "...")), .extra_options[[what]])
-}
-
 # One whole number (or NULL), as an integer.
 .int1 <- function(x, what, null_ok = TRUE) {
   if (is.null(x) && null_ok) return(NULL)
