@@ -1,6 +1,7 @@
 // The C ABI: conversion and validation only. Every exported body runs inside guard(),
 // which turns any C++ exception into a status code and a per-thread message.
 #include "fastpar.h"
+#include "fastpar_fields.h"
 
 #include <algorithm>
 #include <cmath>
@@ -12,7 +13,9 @@
 #include <mutex>
 #include <new>
 #include <string>
+#include <type_traits>
 #include <unordered_map>
+#include <vector>
 
 #include "core/loop/context.hpp"
 #include "core/base/errors.hpp"
@@ -143,41 +146,82 @@ char * dup_string(const std::string & s) {
     return out;
 }
 
-fastpar::GenerateParams to_core(const fastpar_generate_params & p) {
-    fastpar::GenerateParams g;
-    g.max_tokens = p.max_tokens;
-    g.temperature = p.temperature;
-    g.top_k = p.top_k;
-    g.top_p = p.top_p;
-    g.min_p = p.min_p;
-    g.repeat_penalty = p.repeat_penalty;
-    g.presence_penalty = p.presence_penalty;
-    g.frequency_penalty = p.frequency_penalty;
-    g.repeat_last_n = p.repeat_last_n;
-    g.seed = p.seed;
-    g.ignore_eos = p.ignore_eos;
-    g.logprobs = p.logprobs;
-    g.n = p.n;
-    g.top_logprobs = p.top_logprobs;
-    if (p.json_schema != nullptr) {
-        g.json_schema = p.json_schema;
+// The C and C++ type of each KIND of fastpar_fields.h: a field of fastpar.h whose type is
+// not its kind's fails to compile here instead of converting wrongly.
+#define FASTPAR_C_TYPE_INT32 int32_t
+#define FASTPAR_C_TYPE_INT64 int64_t
+#define FASTPAR_C_TYPE_FLOAT float
+#define FASTPAR_C_TYPE_BOOL bool
+#define FASTPAR_C_TYPE_STRING const char *
+#define FASTPAR_C_TYPE_STRINGS const char * const *
+#define FASTPAR_CHECK_C_TYPE(Struct, name, kind, c, py, r)                                            \
+    FASTPAR_WHEN(c, static_assert(std::is_same_v<decltype(Struct::name), FASTPAR_C_TYPE_##kind>, \
+                                  #Struct "::" #name " is not of its kind " #kind);)
+#define FASTPAR_CHECK_MODEL(...) FASTPAR_CHECK_C_TYPE(fastpar_model_params, __VA_ARGS__)
+#define FASTPAR_CHECK_CONTEXT(...) FASTPAR_CHECK_C_TYPE(fastpar_context_params, __VA_ARGS__)
+#define FASTPAR_CHECK_GENERATE(...) FASTPAR_CHECK_C_TYPE(fastpar_generate_params, __VA_ARGS__)
+FASTPAR_MODEL_FIELDS(FASTPAR_CHECK_MODEL)
+FASTPAR_CONTEXT_FIELDS(FASTPAR_CHECK_CONTEXT)
+FASTPAR_GENERATE_FIELDS(FASTPAR_CHECK_GENERATE)
+
+std::vector<std::string> to_core_strings(const char * name, const char * const * strings, int32_t n) {
+    if (n < 0 || (n > 0 && strings == nullptr)) {
+        throw std::invalid_argument(std::string(name) + " must point to n_" + name + " strings (n_" + name + " >= 0)");
     }
-    if (p.grammar != nullptr) {
-        g.grammar = p.grammar;
+    std::vector<std::string> out;
+    for (int32_t i = 0; i < n; ++i) {
+        if (strings[i] == nullptr) {
+            throw std::invalid_argument(std::string(name) + "[" + std::to_string(i) + "] is NULL");
+        }
+        out.emplace_back(strings[i]);
     }
-    if (p.json_schema != nullptr && p.grammar != nullptr) {
+    return out;
+}
+
+// One field between a C struct `c` and a C++ struct `core`, by kind: a NULL string is the
+// core's "" (none), and a string list is its pointer and count.
+#define FASTPAR_TO_CORE_INT32(name) core.name = c.name;
+#define FASTPAR_TO_CORE_INT64(name) core.name = c.name;
+#define FASTPAR_TO_CORE_FLOAT(name) core.name = c.name;
+#define FASTPAR_TO_CORE_BOOL(name) core.name = c.name;
+#define FASTPAR_TO_CORE_STRING(name) \
+    if (c.name != nullptr) {         \
+        core.name = c.name;          \
+    }
+#define FASTPAR_TO_CORE_STRINGS(name) core.name = to_core_strings(#name, c.name, c.n_##name);
+#define FASTPAR_TO_CORE(name, kind, in_c, py, r) FASTPAR_WHEN(in_c, FASTPAR_TO_CORE_##kind(name))
+
+// A default the C struct cannot hold (a string other than none) is caught by
+// tests/test_fields.py, which compares every C default with the core's.
+#define FASTPAR_TO_C_INT32(name) c.name = core.name;
+#define FASTPAR_TO_C_INT64(name) c.name = core.name;
+#define FASTPAR_TO_C_FLOAT(name) c.name = core.name;
+#define FASTPAR_TO_C_BOOL(name) c.name = core.name;
+#define FASTPAR_TO_C_STRING(name) c.name = nullptr;
+#define FASTPAR_TO_C_STRINGS(name) \
+    c.name = nullptr;              \
+    c.n_##name = 0;
+#define FASTPAR_TO_C(name, kind, in_c, py, r) FASTPAR_WHEN(in_c, FASTPAR_TO_C_##kind(name))
+
+fastpar::ModelParams to_core(const fastpar_model_params & c) {
+    fastpar::ModelParams core;
+    FASTPAR_MODEL_FIELDS(FASTPAR_TO_CORE)
+    return core;
+}
+
+fastpar::ContextParams to_core(const fastpar_context_params & c) {
+    fastpar::ContextParams core;
+    FASTPAR_CONTEXT_FIELDS(FASTPAR_TO_CORE)
+    return core;
+}
+
+fastpar::GenerateParams to_core(const fastpar_generate_params & c) {
+    if (c.json_schema != nullptr && c.grammar != nullptr) {
         throw std::invalid_argument("json_schema and grammar were both given; a prompt takes one constraint");
     }
-    if (p.n_stop < 0 || (p.n_stop > 0 && p.stop == nullptr)) {
-        throw std::invalid_argument("stop must point to n_stop strings (n_stop >= 0)");
-    }
-    for (int32_t i = 0; i < p.n_stop; ++i) {
-        if (p.stop[i] == nullptr) {
-            throw std::invalid_argument("stop[" + std::to_string(i) + "] is NULL");
-        }
-        g.stop.emplace_back(p.stop[i]);
-    }
-    return g;
+    fastpar::GenerateParams core;
+    FASTPAR_GENERATE_FIELDS(FASTPAR_TO_CORE)
+    return core;
 }
 
 fastpar::Prompt to_core(const fastpar_prompt & p, int32_t i) {
@@ -277,52 +321,27 @@ const char * fastpar_finish_reason_name(fastpar_finish_reason reason) {
     return "unknown";
 }
 
-// The C structs are filled field by field, by name: a field added to or moved in
-// fastpar.h cannot silently take another's value.
+// The C structs are filled field by field, by name (fastpar_fields.h): a field added to or
+// moved in fastpar.h cannot silently take another's value.
 fastpar_model_params fastpar_model_default_params(void) {
-    const fastpar::ModelParams d;
-    fastpar_model_params p{};
-    p.n_gpu_layers = d.n_gpu_layers;
-    p.use_mmap = d.use_mmap;
-    return p;
+    const fastpar::ModelParams core;
+    fastpar_model_params c{};
+    FASTPAR_MODEL_FIELDS(FASTPAR_TO_C)
+    return c;
 }
 
 fastpar_context_params fastpar_context_default_params(void) {
-    const fastpar::ContextParams d;
-    fastpar_context_params p{};
-    p.n_parallel = d.n_parallel;
-    p.n_ctx_per_seq = d.n_ctx_per_seq;
-    p.n_batch = d.n_batch;
-    p.n_threads = d.n_threads;
-    p.kv_unified = d.kv_unified;
-    p.device_sampling = d.device_sampling;
-    p.share_prefixes = d.share_prefixes;
-    p.warmup = d.warmup;
-    return p;
+    const fastpar::ContextParams core;
+    fastpar_context_params c{};
+    FASTPAR_CONTEXT_FIELDS(FASTPAR_TO_C)
+    return c;
 }
 
 fastpar_generate_params fastpar_generate_default_params(void) {
-    const fastpar::GenerateParams d;
-    fastpar_generate_params p{};
-    p.max_tokens = d.max_tokens;
-    p.temperature = d.temperature;
-    p.top_k = d.top_k;
-    p.top_p = d.top_p;
-    p.min_p = d.min_p;
-    p.repeat_penalty = d.repeat_penalty;
-    p.presence_penalty = d.presence_penalty;
-    p.frequency_penalty = d.frequency_penalty;
-    p.repeat_last_n = d.repeat_last_n;
-    p.seed = d.seed;
-    p.stop = nullptr;
-    p.n_stop = 0;
-    p.ignore_eos = d.ignore_eos;
-    p.logprobs = d.logprobs;
-    p.n = d.n;
-    p.top_logprobs = d.top_logprobs;
-    p.json_schema = nullptr;
-    p.grammar = nullptr;
-    return p;
+    const fastpar::GenerateParams core;
+    fastpar_generate_params c{};
+    FASTPAR_GENERATE_FIELDS(FASTPAR_TO_C)
+    return c;
 }
 
 fastpar_status fastpar_model_load(const char * path, fastpar_model_params params, fastpar_model ** model_out) {
@@ -330,11 +349,8 @@ fastpar_status fastpar_model_load(const char * path, fastpar_model_params params
         if (path == nullptr || model_out == nullptr) {
             return fail(FASTPAR_ERR_INVALID_ARGUMENT, "path and model_out must not be NULL");
         }
-        fastpar::ModelParams mp;
-        mp.n_gpu_layers = params.n_gpu_layers;
-        mp.use_mmap = params.use_mmap;
         auto handle = std::make_unique<fastpar_model>();
-        handle->model = std::make_shared<fastpar::Model>(path, mp);
+        handle->model = std::make_shared<fastpar::Model>(path, to_core(params));
         live().add(handle.get(), Kind::Model);
         *model_out = handle.release();
         return FASTPAR_OK;
@@ -359,17 +375,8 @@ fastpar_status fastpar_context_new(fastpar_model * model, fastpar_context_params
         if (!live().has(model, Kind::Model)) {
             return not_live("model");
         }
-        fastpar::ContextParams cp;
-        cp.n_parallel = params.n_parallel;
-        cp.n_ctx_per_seq = params.n_ctx_per_seq;
-        cp.n_batch = params.n_batch;
-        cp.n_threads = params.n_threads;
-        cp.kv_unified = params.kv_unified;
-        cp.device_sampling = params.device_sampling;
-        cp.share_prefixes = params.share_prefixes;
-        cp.warmup = params.warmup;
         auto handle = std::make_unique<fastpar_context>();
-        handle->ctx = std::make_unique<fastpar::Context>(model->model, cp);
+        handle->ctx = std::make_unique<fastpar::Context>(model->model, to_core(params));
         live().add(handle.get(), Kind::Context);
         *ctx_out = handle.release();
         return FASTPAR_OK;

@@ -1,9 +1,13 @@
 #include <chrono>
 #include <cmath>
 #include <optional>
+#include <string>
+#include <tuple>
 #include <variant>
+#include <vector>
 
 #include <pybind11/stl.h>
+#include <pybind11/typing.h>
 
 #include "core/loop/context.hpp"
 #include "core/base/errors.hpp"
@@ -19,9 +23,12 @@ namespace {
 // the loop wait on other Python threads.
 constexpr auto kSignalPollInterval = std::chrono::milliseconds(50);
 
+// on_completion(index, completion); its type names its arguments in the signature.
+using OnCompletion = py::typing::Callable<void(int64_t, const Completion &)>;
+
 std::vector<Completion> generate(Context & ctx, const std::vector<PromptIn> & prompts_in,
                                  const std::vector<GenerateParams> & params,
-                                 const std::optional<py::function> & on_completion) {
+                                 const std::optional<OnCompletion> & on_completion) {
     std::vector<Prompt> prompts;
     prompts.reserve(prompts_in.size());
     for (const auto & in : prompts_in) {
@@ -59,15 +66,19 @@ std::vector<Completion> generate(Context & ctx, const std::vector<PromptIn> & pr
     }
 }
 
-// Per position, the k most likely tokens as (token_id, text, logprob) tuples.
-py::list top_list(const std::vector<std::vector<TopLogprob>> & positions) {
-    py::list out;
+// Per position, the k most likely tokens as (token_id, text, logprob) tuples. Returned as
+// C++ types so that the signature, and the generated stub, name them.
+using TopEntries = std::vector<std::vector<std::tuple<int32_t, std::string, float>>>;
+
+TopEntries top_list(const std::vector<std::vector<TopLogprob>> & positions) {
+    TopEntries out;
+    out.reserve(positions.size());
     for (const auto & position : positions) {
-        py::list entries;
+        auto & entries = out.emplace_back();
+        entries.reserve(position.size());
         for (const auto & e : position) {
-            entries.append(py::make_tuple(e.token, e.text, e.logprob));
+            entries.emplace_back(e.token, e.text, e.logprob);
         }
-        out.append(std::move(entries));
     }
     return out;
 }
@@ -89,40 +100,18 @@ Prompt to_prompt(const PromptIn & in) {
 }
 
 void register_generate(py::module_ & m) {
-    py::class_<ContextParams>(m, "ContextParams", "Options of a context; defaults are fastpar's.")
-        .def(py::init<>())
-        .def_readwrite("n_parallel", &ContextParams::n_parallel)
-        .def_readwrite("n_ctx_per_seq", &ContextParams::n_ctx_per_seq)
-        .def_readwrite("n_batch", &ContextParams::n_batch)
-        .def_readwrite("n_threads", &ContextParams::n_threads)
-        .def_readwrite("kv_unified", &ContextParams::kv_unified)
-        .def_readwrite("device_sampling", &ContextParams::device_sampling)
-        .def_readwrite("share_prefixes", &ContextParams::share_prefixes)
-        .def_readwrite("warmup", &ContextParams::warmup);
-
-    py::class_<GenerateParams>(m, "GenerateParams", "Options of a generate call; defaults are fastpar's.")
-        .def(py::init<>())
-        .def_readwrite("max_tokens", &GenerateParams::max_tokens)
-        .def_readwrite("temperature", &GenerateParams::temperature)
-        .def_readwrite("top_k", &GenerateParams::top_k)
-        .def_readwrite("top_p", &GenerateParams::top_p)
-        .def_readwrite("min_p", &GenerateParams::min_p)
-        .def_readwrite("repeat_penalty", &GenerateParams::repeat_penalty)
-        .def_readwrite("presence_penalty", &GenerateParams::presence_penalty)
-        .def_readwrite("frequency_penalty", &GenerateParams::frequency_penalty)
-        .def_readwrite("repeat_last_n", &GenerateParams::repeat_last_n)
-        .def_readwrite("seed", &GenerateParams::seed)
-        .def_readwrite("stop", &GenerateParams::stop)
-        .def_readwrite("ignore_eos", &GenerateParams::ignore_eos)
-        .def_readwrite("logprobs", &GenerateParams::logprobs)
-        .def_readwrite("n", &GenerateParams::n)
-        .def_readwrite("top_logprobs", &GenerateParams::top_logprobs)
-        .def_readwrite("json_schema", &GenerateParams::json_schema)
-        .def_readwrite("grammar", &GenerateParams::grammar)
-        .def_readwrite("prompt_logprobs", &GenerateParams::prompt_logprobs)
-        .def_readwrite("prompt_logprobs_from", &GenerateParams::prompt_logprobs_from)
-        .def("validate", [](const GenerateParams & p) { validate(p); },
-             "Raises ValueError naming the first option out of range.");
+    {
+        py::class_<ContextParams> options(m, "ContextParams", "Options of a context; defaults are fastpar's.");
+        options.def(py::init<>());
+        FASTPAR_CONTEXT_FIELDS(FASTPAR_PY_OPTION)
+    }
+    {
+        py::class_<GenerateParams> options(m, "GenerateParams", "Options of a generate call; defaults are fastpar's.");
+        options.def(py::init<>());
+        FASTPAR_GENERATE_FIELDS(FASTPAR_PY_OPTION)
+        options.def("validate", [](const GenerateParams & p) { validate(p); },
+                    "Raises ValueError naming the first option out of range.");
+    }
     m.attr("MAX_TOP_LOGPROBS") = kMaxTopLogprobs;
 
     auto completion = py::class_<Completion>(m, "Completion", "The answer to one prompt.")
@@ -133,27 +122,24 @@ void register_generate(py::module_ & m) {
                                [](const Completion & c) { return top_list(c.top_logprobs); })
         .def_readonly("prompt_token_ids", &Completion::prompt_token_ids)
         .def_property_readonly("prompt_logprobs",
-                               [](const Completion & c) -> py::object {
+                               [](const Completion & c) {
                                    // None where a token has no log-probability (the first).
-                                   py::list out;
+                                   std::vector<std::optional<double>> out;
+                                   out.reserve(c.prompt_logprobs.size());
                                    for (float v : c.prompt_logprobs) {
-                                       out.append(std::isnan(v) ? py::object(py::none()) : py::object(py::float_(v)));
+                                       out.push_back(std::isnan(v) ? std::nullopt : std::optional<double>(v));
                                    }
                                    return out;
                                })
         .def_property_readonly("prompt_greedy",
                                [](const Completion & c) {
-                                   py::list out;
-                                   for (uint8_t v : c.prompt_greedy) {
-                                       out.append(py::bool_(v != 0));
-                                   }
-                                   return out;
+                                   return std::vector<bool>(c.prompt_greedy.begin(), c.prompt_greedy.end());
                                })
         .def_property_readonly("prompt_top_logprobs",
                                [](const Completion & c) { return top_list(c.prompt_top_logprobs); })
         .def_property_readonly("finish_reason", [](const Completion & c) { return finish_reason_name(c.finish_reason); })
-        .def_property_readonly("error", [](const Completion & c) -> py::object {
-            return c.finish_reason == FinishReason::Error ? py::object(py::str(c.error)) : py::object(py::none());
+        .def_property_readonly("error", [](const Completion & c) -> std::optional<std::string> {
+            return c.finish_reason == FinishReason::Error ? std::optional<std::string>(c.error) : std::nullopt;
         })
         .def_readonly("n_prompt_tokens", &Completion::n_prompt_tokens)
         .def_readonly("n_prompt_tokens_shared", &Completion::n_prompt_tokens_shared)

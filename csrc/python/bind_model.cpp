@@ -48,10 +48,19 @@ void register_errors(py::module_ & m) {
 }
 
 void register_model(py::module_ & m) {
-    py::class_<ModelParams>(m, "ModelParams", "Options of a model load; defaults are fastpar's.")
-        .def(py::init<>())
-        .def_readwrite("n_gpu_layers", &ModelParams::n_gpu_layers)
-        .def_readwrite("use_mmap", &ModelParams::use_mmap);
+    {
+        py::class_<ModelParams> options(m, "ModelParams", "Options of a model load; defaults are fastpar's.");
+        options.def(py::init<>());
+        FASTPAR_MODEL_FIELDS(FASTPAR_PY_OPTION)
+    }
+
+    // Before Model, whose apply_chat_template takes it: a signature names only the types
+    // registered before it (and the generated stub reads the signatures).
+    py::class_<ChatMessage>(m, "ChatMessage")
+        .def(py::init([](std::string role, std::string content) { return ChatMessage{std::move(role), std::move(content)}; }),
+             py::arg("role"), py::arg("content"))
+        .def_readonly("role", &ChatMessage::role)
+        .def_readonly("content", &ChatMessage::content);
 
     py::class_<Model, std::shared_ptr<Model>>(m, "Model", "A GGUF model loaded with llama.cpp.")
         .def(py::init<const std::string &, const ModelParams &>(), py::arg("path"), py::arg("params"),
@@ -78,12 +87,6 @@ void register_model(py::module_ & m) {
                  return py::bytes(m.token_piece(token));
              },
              py::arg("token"), "The bytes one token stands for (possibly part of a UTF-8 character).");
-
-    py::class_<ChatMessage>(m, "ChatMessage")
-        .def(py::init([](std::string role, std::string content) { return ChatMessage{std::move(role), std::move(content)}; }),
-             py::arg("role"), py::arg("content"))
-        .def_readonly("role", &ChatMessage::role)
-        .def_readonly("content", &ChatMessage::content);
 }
 
 }  // namespace fastpar::python

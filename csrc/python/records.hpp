@@ -3,6 +3,7 @@
 #pragma once
 
 #include <pybind11/pybind11.h>
+#include <pybind11/typing.h>
 
 #include <string>
 #include <vector>
@@ -14,8 +15,9 @@ constexpr size_t kReprText = 60;
 
 // {name: value} of every field: only str, int, float, bool, None, and lists of these or of
 // tuples of these, so that json.dumps takes it as it is.
-inline pybind11::dict record_dict(pybind11::handle self, const std::vector<const char *> & fields) {
-    pybind11::dict d;
+inline pybind11::typing::Dict<pybind11::str, pybind11::object> record_dict(pybind11::handle self,
+                                                                          const std::vector<const char *> & fields) {
+    pybind11::typing::Dict<pybind11::str, pybind11::object> d;
     for (const char * f : fields) {
         d[f] = self.attr(f);
     }

@@ -74,29 +74,20 @@ generate_parallel <- function(ctx, prompts, max_tokens = NULL, temperature = NUL
   prompts <- .prompts(prompts)
   k <- length(prompts)
   extra <- list(...)
-  known <- c("grammar", "logprobs", "presence_penalty", "frequency_penalty", "repeat_last_n")
+  known <- .extra_options$generate
   if (length(extra) && (is.null(names(extra)) || any(names(extra) == "") || !all(names(extra) %in% known))) {
     stop("unknown option(s) in ...: ", paste(setdiff(names(extra), known), collapse = ", "),
          "; known: ", paste(known, collapse = ", "), call. = FALSE)
   }
-  opts <- list(
-    max_tokens = .per_prompt(max_tokens, "max_tokens", k, "int"),
-    temperature = .per_prompt(temperature, "temperature", k, "num"),
-    top_k = .per_prompt(top_k, "top_k", k, "int"),
-    top_p = .per_prompt(top_p, "top_p", k, "num"),
-    min_p = .per_prompt(min_p, "min_p", k, "num"),
-    repeat_penalty = .per_prompt(repeat_penalty, "repeat_penalty", k, "num"),
-    presence_penalty = .per_prompt(extra$presence_penalty, "presence_penalty", k, "num"),
-    frequency_penalty = .per_prompt(extra$frequency_penalty, "frequency_penalty", k, "num"),
-    repeat_last_n = .per_prompt(extra$repeat_last_n, "repeat_last_n", k, "int"),
-    seed = .per_prompt(seed, "seed", k, "seed"),
-    ignore_eos = .per_prompt(ignore_eos, "ignore_eos", k, "lgl"),
-    logprobs = .per_prompt(extra$logprobs, "logprobs", k, "lgl"),
-    n = .per_prompt(n, "n", k, "int"),
-    stop = .stop(stop, k),
-    json_schema = .per_prompt(json_schema, "json_schema", k, "chr"),
-    grammar = .per_prompt(extra$grammar, "grammar", k, "chr")
-  )
+  # Every option by name, checked and coerced to its kind's R type: the numbers and
+  # logicals in the C library's order, as its defaults say, then the strings.
+  given <- c(mget(setdiff(.options("generate"), .extra_options$generate), envir = environment()), extra)
+  defaults <- .Call(C_fastpar_r_default_params)$generate
+  opts <- list()
+  for (name in c(names(defaults), setdiff(.options("generate"), names(defaults)))) {
+    opts[name] <- list(if (name == "stop") .stop(given[[name]], k) else
+      .per_prompt(given[[name]], name, k, .kind(name, defaults[[name]])))
+  }
   opts <- opts[!vapply(opts, is.null, TRUE)]
   per_prompt <- any(lengths(opts) > 1)
   out <- .Call(C_fastpar_r_generate, ctx, prompts, opts, per_prompt)
@@ -108,6 +99,20 @@ generate_parallel <- function(ctx, prompts, max_tokens = NULL, temperature = NUL
   res <- structure(cols, class = "data.frame", row.names = seq_along(cols$text))
   attr(res, "stats") <- out$stats
   res
+}
+
+# The options each function passes to the C library besides its named arguments: those it
+# takes in `...`. .options() lists all of a function's options; tests/test_fields.py checks
+# them against the options fastpar_fields.h gives R.
+.extra_options <- list(
+  model = character(),
+  context = c("n_batch", "device_sampling", "warmup", "kv_unified", "share_prefixes"),
+  generate = c("grammar", "logprobs", "presence_penalty", "frequency_penalty", "repeat_last_n")
+)
+
+.options <- function(what) {
+  f <- switch(what, model = fastpar_model, context = fastpar_context, generate = generate_parallel)
+  c(setdiff(names(formals(f)), c("path", "model", "ctx", "prompts", "...")), .extra_options[[what]])
 }
 
 # The call was interrupted: fastpar cancelled it and cleared the context. Signal the
@@ -160,6 +165,14 @@ generate_parallel <- function(ctx, prompts, max_tokens = NULL, temperature = NUL
     }
     list(roles, contents)
   })
+}
+
+# The R type an option is checked as: from its default, or text for one without (json_schema,
+# grammar); a seed is a whole number that may not fit an integer.
+.kind <- function(name, default) {
+  if (name == "seed") return("seed")
+  if (is.null(default)) return("chr")
+  if (is.logical(default)) "lgl" else if (is.integer(default)) "int" else "num"
 }
 
 # An option of length 1 or one value per prompt, coerced to the type the C glue reads.

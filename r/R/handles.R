@@ -46,6 +46,8 @@
 #' @param path Path of a GGUF file.
 #' @param n_gpu_layers Layers to put on the GPU: `-1` for all (a GPU build of fastpar),
 #'   `NULL` for fastpar's default (see [fastpar_default_params()]).
+#' @param use_mmap `TRUE` maps the file instead of reading it into memory; `NULL` for
+#'   fastpar's default.
 #' @return A `fastpar_model`, freed by the garbage collector or by [fastpar_free()].
 #' @seealso [fastpar_context()], [fastpar_default_model_path()]
 #' @examples
@@ -55,9 +57,9 @@
 #' fastpar_free(model)
 #' }
 #' @export
-fastpar_model <- function(path, n_gpu_layers = NULL) {
+fastpar_model <- function(path, n_gpu_layers = NULL, use_mmap = NULL) {
   if (!is.character(path) || length(path) != 1 || is.na(path)) stop("path must be one string", call. = FALSE)
-  opts <- list(n_gpu_layers = .int1(n_gpu_layers, "n_gpu_layers"))
+  opts <- list(n_gpu_layers = .int1(n_gpu_layers, "n_gpu_layers"), use_mmap = .lgl1(use_mmap, "use_mmap"))
   m <- .check(.Call(C_fastpar_r_model_load, path.expand(path), opts[!vapply(opts, is.null, TRUE)]), sys.call())
   structure(m, class = "fastpar_model", path = path)
 }
@@ -84,17 +86,17 @@ fastpar_model <- function(path, n_gpu_layers = NULL) {
 fastpar_context <- function(model, n_parallel = NULL, n_ctx_per_seq = NULL, n_threads = NULL, ...) {
   if (!inherits(model, "fastpar_model")) stop("model must be a fastpar_model", call. = FALSE)
   extra <- list(...)
-  ints <- c("n_batch", "device_sampling", "warmup")
-  lgls <- c("kv_unified", "share_prefixes")
-  unknown <- setdiff(names(extra), c(ints, lgls))
+  known <- .extra_options$context
+  unknown <- setdiff(names(extra), known)
   if (length(extra) && (is.null(names(extra)) || any(names(extra) == "") || length(unknown))) {
     stop("unknown context option(s): ", paste(unknown, collapse = ", "), "; known: ",
-         paste(c(ints, lgls), collapse = ", "), call. = FALSE)
+         paste(known, collapse = ", "), call. = FALSE)
   }
   opts <- list(n_parallel = .int1(n_parallel, "n_parallel"), n_ctx_per_seq = .int1(n_ctx_per_seq, "n_ctx_per_seq"),
                n_threads = .int1(n_threads, "n_threads"))
+  defaults <- .Call(C_fastpar_r_default_params)$context
   for (name in names(extra)) {
-    opts[[name]] <- if (name %in% ints) .int1(extra[[name]], name) else .lgl1(extra[[name]], name)
+    opts[[name]] <- if (is.logical(defaults[[name]])) .lgl1(extra[[name]], name) else .int1(extra[[name]], name)
   }
   ctx <- .check(.Call(C_fastpar_r_context_new, model, opts[!vapply(opts, is.null, TRUE)]), sys.call())
   structure(ctx, class = "fastpar_context")

@@ -17,6 +17,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -28,6 +29,7 @@
 
 #include "config.h"
 #include "fastpar.h"
+#include "fastpar_fields.h"
 
 /* ---- handles ---------------------------------------------------------------------- */
 
@@ -111,6 +113,103 @@ static int int_at(SEXP x, R_xlen_t i) { return INTEGER(x)[at(x, i)]; }
 static double real_at(SEXP x, R_xlen_t i) { return REAL(x)[at(x, i)]; }
 static bool lgl_at(SEXP x, R_xlen_t i) { return LOGICAL(x)[at(x, i)] == TRUE; }
 
+/* The options R passes (R = 1 in fastpar_fields.h), each with where it lies in its C struct,
+ * so that one loop converts them all. R/ coerces every option to its kind's R type first. */
+typedef enum { KIND_INT32, KIND_INT64, KIND_FLOAT, KIND_BOOL, KIND_STRING, KIND_STRINGS } field_kind;
+
+typedef struct {
+    const char * name;
+    field_kind kind;
+    size_t offset;
+    size_t count_offset; /* STRINGS: where n_<name> lies */
+} r_field;
+
+#define OPT_COUNT_INT32(S, name) 0
+#define OPT_COUNT_INT64(S, name) 0
+#define OPT_COUNT_FLOAT(S, name) 0
+#define OPT_COUNT_BOOL(S, name) 0
+#define OPT_COUNT_STRING(S, name) 0
+#define OPT_COUNT_STRINGS(S, name) offsetof(S, n_##name)
+#define OPT_FIELD(name, kind, c, py, r) \
+    FASTPAR_WHEN(r, {#name, KIND_##kind, offsetof(OPT_STRUCT, name), OPT_COUNT_##kind(OPT_STRUCT, name)},)
+
+#define OPT_STRUCT fastpar_model_params
+static const r_field model_fields[] = {FASTPAR_MODEL_FIELDS(OPT_FIELD)};
+#undef OPT_STRUCT
+#define OPT_STRUCT fastpar_context_params
+static const r_field context_fields[] = {FASTPAR_CONTEXT_FIELDS(OPT_FIELD)};
+#undef OPT_STRUCT
+#define OPT_STRUCT fastpar_generate_params
+static const r_field generate_fields[] = {FASTPAR_GENERATE_FIELDS(OPT_FIELD)};
+#undef OPT_STRUCT
+#define N_FIELDS(fields) (sizeof fields / sizeof fields[0])
+
+/* Sets field f of the struct at `params` from x's entry for prompt i. A string NA is none
+ * (NULL); strings live in R-owned memory (R_alloc), released by R even on an error. */
+static void set_field(void * params, const r_field * f, SEXP x, R_xlen_t i) {
+    char * p = (char *) params + f->offset;
+    switch (f->kind) {
+        case KIND_INT32: *(int32_t *) p = int_at(x, i); break;
+        case KIND_INT64: *(int64_t *) p = (int64_t) real_at(x, i); break;
+        case KIND_FLOAT: *(float *) p = (float) real_at(x, i); break;
+        case KIND_BOOL: *(bool *) p = lgl_at(x, i); break;
+        case KIND_STRING: {
+            SEXP s = STRING_ELT(x, at(x, i));
+            *(const char **) p = s != NA_STRING ? Rf_translateCharUTF8(s) : NULL;
+            break;
+        }
+        case KIND_STRINGS: {
+            SEXP s = VECTOR_ELT(x, at(x, i));
+            const int n = Rf_length(s);
+            const char ** strings = (const char **) R_alloc((size_t) n + 1, sizeof(char *));
+            for (int k = 0; k < n; ++k) {
+                strings[k] = Rf_translateCharUTF8(STRING_ELT(s, k));
+            }
+            *(const char * const **) p = n > 0 ? strings : NULL;
+            *(int32_t *) ((char *) params + f->count_offset) = n;
+            break;
+        }
+    }
+}
+
+/* Sets every option `opts` names (one value each) in the struct at `params`. */
+static void set_options(void * params, const r_field * fields, size_t n_fields, SEXP opts) {
+    for (size_t k = 0; k < n_fields; ++k) {
+        SEXP x = option(opts, fields[k].name);
+        if (x != R_NilValue) {
+            set_field(params, &fields[k], x, 0);
+        }
+    }
+}
+
+/* The defaults of the numeric and logical options of a struct, as a named list. */
+static SEXP defaults_list(const void * params, const r_field * fields, size_t n_fields) {
+    int n = 0;
+    for (size_t k = 0; k < n_fields; ++k) {
+        n += fields[k].kind != KIND_STRING && fields[k].kind != KIND_STRINGS;
+    }
+    SEXP out = PROTECT(Rf_allocVector(VECSXP, n));
+    SEXP names = PROTECT(Rf_allocVector(STRSXP, n));
+    int j = 0;
+    for (size_t k = 0; k < n_fields; ++k) {
+        const char * p = (const char *) params + fields[k].offset;
+        SEXP value;
+        switch (fields[k].kind) {
+            case KIND_INT32: value = Rf_ScalarInteger(*(const int32_t *) p); break;
+            case KIND_INT64: value = Rf_ScalarReal((double) *(const int64_t *) p); break;
+            case KIND_FLOAT: value = Rf_ScalarReal(*(const float *) p); break;
+            case KIND_BOOL: value = Rf_ScalarLogical(*(const bool *) p); break;
+            default: continue;
+        }
+        SET_VECTOR_ELT(out, j, value);
+        SET_STRING_ELT(names, j, Rf_mkChar(fields[k].name));
+        ++j;
+    }
+    Rf_setAttrib(out, R_NamesSymbol, names);
+    UNPROTECT(2);
+    return out;
+}
+
 /* ---- interrupts ------------------------------------------------------------------- */
 
 /* How often a generate call looks for a pending Ctrl-C. */
@@ -160,52 +259,18 @@ static SEXP fastpar_r_default_params(void) {
     const fastpar_context_params cp = fastpar_context_default_params();
     const fastpar_generate_params gp = fastpar_generate_default_params();
     const char * top[] = {"model", "context", "generate", ""};
-    const char * m_names[] = {"n_gpu_layers", "use_mmap", ""};
-    const char * c_names[] = {"n_parallel", "n_ctx_per_seq", "n_batch", "n_threads", "kv_unified",
-                              "device_sampling", "share_prefixes", "warmup", ""};
-    const char * g_names[] = {"max_tokens", "temperature", "top_k", "top_p", "min_p", "repeat_penalty",
-                              "presence_penalty", "frequency_penalty", "repeat_last_n", "seed", "ignore_eos",
-                              "logprobs", "n", ""};
     SEXP out = PROTECT(Rf_mkNamed(VECSXP, top));
-    SEXP m = Rf_mkNamed(VECSXP, m_names);
-    SET_VECTOR_ELT(out, 0, m);
-    SET_VECTOR_ELT(m, 0, Rf_ScalarInteger(mp.n_gpu_layers));
-    SET_VECTOR_ELT(m, 1, Rf_ScalarLogical(mp.use_mmap));
-    SEXP c = Rf_mkNamed(VECSXP, c_names);
-    SET_VECTOR_ELT(out, 1, c);
-    SET_VECTOR_ELT(c, 0, Rf_ScalarInteger(cp.n_parallel));
-    SET_VECTOR_ELT(c, 1, Rf_ScalarInteger(cp.n_ctx_per_seq));
-    SET_VECTOR_ELT(c, 2, Rf_ScalarInteger(cp.n_batch));
-    SET_VECTOR_ELT(c, 3, Rf_ScalarInteger(cp.n_threads));
-    SET_VECTOR_ELT(c, 4, Rf_ScalarLogical(cp.kv_unified));
-    SET_VECTOR_ELT(c, 5, Rf_ScalarInteger(cp.device_sampling));
-    SET_VECTOR_ELT(c, 6, Rf_ScalarLogical(cp.share_prefixes));
-    SET_VECTOR_ELT(c, 7, Rf_ScalarInteger(cp.warmup));
-    SEXP g = Rf_mkNamed(VECSXP, g_names);
-    SET_VECTOR_ELT(out, 2, g);
-    SET_VECTOR_ELT(g, 0, Rf_ScalarInteger(gp.max_tokens));
-    SET_VECTOR_ELT(g, 1, Rf_ScalarReal(gp.temperature));
-    SET_VECTOR_ELT(g, 2, Rf_ScalarInteger(gp.top_k));
-    SET_VECTOR_ELT(g, 3, Rf_ScalarReal(gp.top_p));
-    SET_VECTOR_ELT(g, 4, Rf_ScalarReal(gp.min_p));
-    SET_VECTOR_ELT(g, 5, Rf_ScalarReal(gp.repeat_penalty));
-    SET_VECTOR_ELT(g, 6, Rf_ScalarReal(gp.presence_penalty));
-    SET_VECTOR_ELT(g, 7, Rf_ScalarReal(gp.frequency_penalty));
-    SET_VECTOR_ELT(g, 8, Rf_ScalarInteger(gp.repeat_last_n));
-    SET_VECTOR_ELT(g, 9, Rf_ScalarReal((double) gp.seed));
-    SET_VECTOR_ELT(g, 10, Rf_ScalarLogical(gp.ignore_eos));
-    SET_VECTOR_ELT(g, 11, Rf_ScalarLogical(gp.logprobs));
-    SET_VECTOR_ELT(g, 12, Rf_ScalarInteger(gp.n));
+    SET_VECTOR_ELT(out, 0, defaults_list(&mp, model_fields, N_FIELDS(model_fields)));
+    SET_VECTOR_ELT(out, 1, defaults_list(&cp, context_fields, N_FIELDS(context_fields)));
+    SET_VECTOR_ELT(out, 2, defaults_list(&gp, generate_fields, N_FIELDS(generate_fields)));
     UNPROTECT(1);
     return out;
 }
 
-/* opts: n_gpu_layers (integer) or nothing. */
+/* opts: any fastpar_model_params field R passes, each one value of the field's kind. */
 static SEXP fastpar_r_model_load(SEXP path, SEXP opts) {
     fastpar_model_params mp = fastpar_model_default_params();
-    SEXP x;
-    if ((x = option(opts, "n_gpu_layers")) != R_NilValue) mp.n_gpu_layers = INTEGER(x)[0];
-    if ((x = option(opts, "use_mmap")) != R_NilValue) mp.use_mmap = LOGICAL(x)[0] == TRUE;
+    set_options(&mp, model_fields, N_FIELDS(model_fields), opts);
     const char * file = Rf_translateCharUTF8(STRING_ELT(path, 0));
     SEXP ptr = PROTECT(owner(model_tag(), R_NilValue, model_finalizer));
     fastpar_model * model = NULL;
@@ -219,19 +284,11 @@ static SEXP fastpar_r_model_load(SEXP path, SEXP opts) {
     return ptr;
 }
 
-/* opts: any fastpar_context_params field, each one value of the field's type. */
+/* opts: any fastpar_context_params field R passes, each one value of the field's kind. */
 static SEXP fastpar_r_context_new(SEXP model_ptr, SEXP opts) {
     fastpar_model * model = (fastpar_model *) handle(model_ptr, model_tag(), "model");
     fastpar_context_params cp = fastpar_context_default_params();
-    SEXP x;
-    if ((x = option(opts, "n_parallel")) != R_NilValue) cp.n_parallel = INTEGER(x)[0];
-    if ((x = option(opts, "n_ctx_per_seq")) != R_NilValue) cp.n_ctx_per_seq = INTEGER(x)[0];
-    if ((x = option(opts, "n_batch")) != R_NilValue) cp.n_batch = INTEGER(x)[0];
-    if ((x = option(opts, "n_threads")) != R_NilValue) cp.n_threads = INTEGER(x)[0];
-    if ((x = option(opts, "kv_unified")) != R_NilValue) cp.kv_unified = LOGICAL(x)[0] == TRUE;
-    if ((x = option(opts, "device_sampling")) != R_NilValue) cp.device_sampling = INTEGER(x)[0];
-    if ((x = option(opts, "share_prefixes")) != R_NilValue) cp.share_prefixes = LOGICAL(x)[0] == TRUE;
-    if ((x = option(opts, "warmup")) != R_NilValue) cp.warmup = INTEGER(x)[0];
+    set_options(&cp, context_fields, N_FIELDS(context_fields), opts);
     /* The context keeps its model alive on the C side; the R handle keeps the model's too. */
     SEXP ptr = PROTECT(owner(context_tag(), model_ptr, context_finalizer));
     fastpar_context * ctx = NULL;
@@ -291,9 +348,9 @@ static SEXP fastpar_r_last_stats(SEXP ctx_ptr) {
 }
 
 /* prompts: a list, each entry one string (raw text) or list(role = <chr>, content = <chr>)
- * (chat messages). opts: generation options by name, each of length 1 or length(prompts):
- * integer, double or logical as the C field; stop a list of character vectors; json_schema
- * and grammar character with NA for none. per_prompt: TRUE to pass one params struct per
+ * (chat messages). opts: generation options by name, each of length 1 or length(prompts),
+ * of its kind's R type (fastpar_fields.h: stop a list of character vectors, json_schema and
+ * grammar character with NA for none). per_prompt: TRUE to pass one params struct per
  * prompt, FALSE for one struct for all (a random seed is then drawn once, as in Python).
  *
  * Returns list(columns, stats), a fastpar_failure, or NULL when interrupted. */
@@ -325,47 +382,19 @@ static SEXP fastpar_r_generate(SEXP ctx_ptr, SEXP prompts, SEXP opts, SEXP per_p
         }
     }
 
-    SEXP max_tokens = option(opts, "max_tokens"), temperature = option(opts, "temperature");
-    SEXP top_k = option(opts, "top_k"), top_p = option(opts, "top_p"), min_p = option(opts, "min_p");
-    SEXP repeat_penalty = option(opts, "repeat_penalty"), presence = option(opts, "presence_penalty");
-    SEXP frequency = option(opts, "frequency_penalty"), repeat_last_n = option(opts, "repeat_last_n");
-    SEXP seed = option(opts, "seed"), ignore_eos = option(opts, "ignore_eos"), logprobs = option(opts, "logprobs");
-    SEXP n = option(opts, "n"), stop = option(opts, "stop");
-    SEXP schema = option(opts, "json_schema"), grammar = option(opts, "grammar");
+    SEXP given[N_FIELDS(generate_fields)]; /* each option's values, R_NilValue if not given */
+    for (size_t k = 0; k < N_FIELDS(generate_fields); ++k) {
+        given[k] = option(opts, generate_fields[k].name);
+    }
     fastpar_generate_params * gp =
         (fastpar_generate_params *) R_alloc((size_t) n_params + 1, sizeof(fastpar_generate_params));
     for (int i = 0; i < n_params; ++i) {
-        fastpar_generate_params p = fastpar_generate_default_params();
-        if (max_tokens != R_NilValue) p.max_tokens = int_at(max_tokens, i);
-        if (temperature != R_NilValue) p.temperature = (float) real_at(temperature, i);
-        if (top_k != R_NilValue) p.top_k = int_at(top_k, i);
-        if (top_p != R_NilValue) p.top_p = (float) real_at(top_p, i);
-        if (min_p != R_NilValue) p.min_p = (float) real_at(min_p, i);
-        if (repeat_penalty != R_NilValue) p.repeat_penalty = (float) real_at(repeat_penalty, i);
-        if (presence != R_NilValue) p.presence_penalty = (float) real_at(presence, i);
-        if (frequency != R_NilValue) p.frequency_penalty = (float) real_at(frequency, i);
-        if (repeat_last_n != R_NilValue) p.repeat_last_n = int_at(repeat_last_n, i);
-        if (seed != R_NilValue) p.seed = (int64_t) real_at(seed, i);
-        if (ignore_eos != R_NilValue) p.ignore_eos = lgl_at(ignore_eos, i);
-        if (logprobs != R_NilValue) p.logprobs = lgl_at(logprobs, i);
-        if (n != R_NilValue) p.n = int_at(n, i);
-        if (stop != R_NilValue) {
-            SEXP s = VECTOR_ELT(stop, at(stop, i));
-            const int n_stop = Rf_length(s);
-            const char ** strings = (const char **) R_alloc((size_t) n_stop + 1, sizeof(char *));
-            for (int k = 0; k < n_stop; ++k) {
-                strings[k] = Rf_translateCharUTF8(STRING_ELT(s, k));
+        gp[i] = fastpar_generate_default_params();
+        for (size_t k = 0; k < N_FIELDS(generate_fields); ++k) {
+            if (given[k] != R_NilValue) {
+                set_field(&gp[i], &generate_fields[k], given[k], i);
             }
-            p.stop = n_stop > 0 ? strings : NULL;
-            p.n_stop = n_stop;
         }
-        if (schema != R_NilValue && STRING_ELT(schema, at(schema, i)) != NA_STRING) {
-            p.json_schema = Rf_translateCharUTF8(STRING_ELT(schema, at(schema, i)));
-        }
-        if (grammar != R_NilValue && STRING_ELT(grammar, at(grammar, i)) != NA_STRING) {
-            p.grammar = Rf_translateCharUTF8(STRING_ELT(grammar, at(grammar, i)));
-        }
-        gp[i] = p;
     }
 
     /* The results' owner exists before the results: if copying them into R fails, R's

@@ -12,6 +12,7 @@ import inspect
 import json
 import math
 import os
+import typing
 from collections.abc import Mapping, Sequence
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
@@ -252,28 +253,10 @@ def _f32(value: float) -> float:
     return float(f"{value:.7g}")
 
 
-#: The generation options every entry point takes as keywords, with their defaults (from
-#: the core's ``GenerateParams``) and types, for signatures and help().
-_OPTIONS = {
-    "max_tokens": (_GENERATE_DEFAULTS.max_tokens, int),
-    "temperature": (_f32(_GENERATE_DEFAULTS.temperature), float),
-    "top_k": (_GENERATE_DEFAULTS.top_k, int),
-    "top_p": (_f32(_GENERATE_DEFAULTS.top_p), float),
-    "min_p": (_f32(_GENERATE_DEFAULTS.min_p), float),
-    "repeat_penalty": (_f32(_GENERATE_DEFAULTS.repeat_penalty), float),
-    "presence_penalty": (_f32(_GENERATE_DEFAULTS.presence_penalty), float),
-    "frequency_penalty": (_f32(_GENERATE_DEFAULTS.frequency_penalty), float),
-    "repeat_last_n": (_GENERATE_DEFAULTS.repeat_last_n, int),
-    "seed": (None, Optional[int]),
-    "stop": (None, Union[None, str, Sequence[str]]),
-    "ignore_eos": (_GENERATE_DEFAULTS.ignore_eos, bool),
-    "logprobs": (_GENERATE_DEFAULTS.logprobs, bool),
-    "top_logprobs": (_GENERATE_DEFAULTS.top_logprobs, int),
-    "n": (_GENERATE_DEFAULTS.n, int),
-    "json_schema": (None, Union[None, str, Mapping[str, Any]]),
-    "grammar": (None, Optional[str]),
-    "prompt_logprobs": (_GENERATE_DEFAULTS.prompt_logprobs, bool),
-}
+def _default(name: str) -> Any:
+    """The core's default of the generation option ``name`` (``GenerateParams``)."""
+    value = getattr(_GENERATE_DEFAULTS, name)
+    return _f32(value) if isinstance(value, float) else value
 
 
 def _with_options(func: Callable) -> Callable:
@@ -316,24 +299,24 @@ class SamplingParams:
     Raises ``TypeError`` for a wrong type and ``ValueError`` for a value out of range, here.
     """
 
-    max_tokens: int = _OPTIONS["max_tokens"][0]
-    temperature: float = _OPTIONS["temperature"][0]
-    top_k: int = _OPTIONS["top_k"][0]
-    top_p: float = _OPTIONS["top_p"][0]
-    min_p: float = _OPTIONS["min_p"][0]
-    repeat_penalty: float = _OPTIONS["repeat_penalty"][0]
-    presence_penalty: float = _OPTIONS["presence_penalty"][0]
-    frequency_penalty: float = _OPTIONS["frequency_penalty"][0]
-    repeat_last_n: int = _OPTIONS["repeat_last_n"][0]
+    max_tokens: int = _default("max_tokens")
+    temperature: float = _default("temperature")
+    top_k: int = _default("top_k")
+    top_p: float = _default("top_p")
+    min_p: float = _default("min_p")
+    repeat_penalty: float = _default("repeat_penalty")
+    presence_penalty: float = _default("presence_penalty")
+    frequency_penalty: float = _default("frequency_penalty")
+    repeat_last_n: int = _default("repeat_last_n")
     seed: Optional[int] = None
     stop: Union[None, str, Tuple[str, ...]] = None
-    ignore_eos: bool = _OPTIONS["ignore_eos"][0]
-    logprobs: bool = _OPTIONS["logprobs"][0]
-    top_logprobs: int = _OPTIONS["top_logprobs"][0]
-    n: int = _OPTIONS["n"][0]
+    ignore_eos: bool = _default("ignore_eos")
+    logprobs: bool = _default("logprobs")
+    top_logprobs: int = _default("top_logprobs")
+    n: int = _default("n")
     json_schema: Optional[str] = None
     grammar: Optional[str] = None
-    prompt_logprobs: bool = _OPTIONS["prompt_logprobs"][0]
+    prompt_logprobs: bool = _default("prompt_logprobs")
 
     def __post_init__(self) -> None:
         stop = self.stop
@@ -371,36 +354,41 @@ class SamplingParams:
         return cls(**options)
 
 
+#: How each plain option is checked, by the type of the core's field; the options that are
+#: not a plain number or bool are converted by name in _to_core.
+_CHECKS = {bool: _bool, int: _int, float: _float}
+
+
 def _to_core(sp: SamplingParams) -> _core.GenerateParams:
     params = _core.GenerateParams()
-    params.max_tokens = _int("max_tokens", sp.max_tokens)
-    params.temperature = _float("temperature", sp.temperature)
-    params.top_k = _int("top_k", sp.top_k)
-    params.top_p = _float("top_p", sp.top_p)
-    params.min_p = _float("min_p", sp.min_p)
-    params.repeat_penalty = _float("repeat_penalty", sp.repeat_penalty)
-    params.presence_penalty = _float("presence_penalty", sp.presence_penalty)
-    params.frequency_penalty = _float("frequency_penalty", sp.frequency_penalty)
-    params.repeat_last_n = _int("repeat_last_n", sp.repeat_last_n)
-    if sp.seed is not None:
-        seed = _int("seed", sp.seed)
-        if not 0 <= seed < 2**32:
-            raise ValueError(f"seed must be in [0, 2**32) or None, got {seed}")
-        params.seed = seed
-    if sp.stop is not None:
-        stops = [sp.stop] if isinstance(sp.stop, str) else sp.stop
-        params.stop = [_text(s, "stop") for s in stops]
-    params.ignore_eos = _bool("ignore_eos", sp.ignore_eos)
-    params.logprobs = _bool("logprobs", sp.logprobs)
-    params.top_logprobs = _int("top_logprobs", sp.top_logprobs)
-    params.n = _int("n", sp.n)
-    if sp.json_schema is not None:
-        params.json_schema = _text(sp.json_schema, "json_schema")
-    if sp.grammar is not None:
-        params.grammar = _text(sp.grammar, "grammar")
-    params.prompt_logprobs = _bool("prompt_logprobs", sp.prompt_logprobs)
+    for field in dataclasses.fields(SamplingParams):  # in order: the first bad option is named
+        name, value = field.name, getattr(sp, field.name)
+        if name == "seed":
+            if value is not None:
+                seed = _int("seed", value)
+                if not 0 <= seed < 2**32:
+                    raise ValueError(f"seed must be in [0, 2**32) or None, got {seed}")
+                params.seed = seed
+        elif name == "stop":
+            if value is not None:
+                stops = [value] if isinstance(value, str) else value
+                params.stop = [_text(s, "stop") for s in stops]
+        elif name in ("json_schema", "grammar"):
+            if value is not None:
+                setattr(params, name, _text(value, name))
+        else:
+            setattr(params, name, _CHECKS[type(getattr(_GENERATE_DEFAULTS, name))](name, value))
     params.validate()  # ranges, from the core: ValueError naming the option
     return params
+
+
+#: The generation options every entry point takes as keywords: SamplingParams' fields, with
+#: their defaults and, for signatures and help(), the types a keyword accepts (stop and
+#: json_schema take more than the field keeps).
+_KEYWORD_TYPES = {"stop": Union[None, str, Sequence[str]], "json_schema": Union[None, str, Mapping[str, Any]]}
+_HINTS = typing.get_type_hints(SamplingParams)
+_OPTIONS = {field.name: (field.default, _KEYWORD_TYPES.get(field.name, _HINTS[field.name]))
+            for field in dataclasses.fields(SamplingParams)}
 
 
 def _generate_params(call: str, options: Dict[str, Any]) -> _core.GenerateParams:

@@ -1,99 +1,194 @@
-"""Type stub of fastpar's test and benchmark hooks (csrc/python/testing.cpp); not part of the API."""
-
-from typing import Dict, List, Sequence, Tuple, Union
-
-from ._core import Completion, Context, Engine, GenerateParams, Model
-
-MAX_PADDED_GAP_GPU: int
-STREAMING_DECODE_WAITS: int
-UNLIMITED_DECODE_WAITS: int
-MIN_SHARED_PREFIX: int
-MIN_POOLED: int
-MIN_POOLED_WORK: int
-MIN_SPLIT: int
-cpu_batch: int
-gpu_batch: int
-
-def available_cpus() -> int: ...
-def cgroup_cpu_quota(root: str) -> float: ...
-def cpus_within(n_affinity: int, quota: float) -> int: ...
-
+"""
+fastpar's test and benchmark hooks (not part of the API).
+"""
+from __future__ import annotations
+import collections.abc
+import fastpar._core
+import typing
+__all__: list[str] = ['MAX_PADDED_GAP_GPU', 'MIN_POOLED', 'MIN_POOLED_WORK', 'MIN_SHARED_PREFIX', 'MIN_SPLIT', 'PrefixSharing', 'STREAMING_DECODE_WAITS', 'SharingSlot', 'SlotState', 'StepPolicy', 'TextStream', 'UNLIMITED_DECODE_WAITS', 'allowed_sets', 'available_cpus', 'cgroup_cpu_quota', 'choose_way', 'choose_work', 'compare_masks', 'cpu_batch', 'cpus_within', 'device_serves', 'fail_engine_worker', 'generate_with_policy', 'gpu_batch', 'measure_grammar', 'plan_step', 'resolve_step_policy', 'rows_split', 'sample_against_llama', 'set_allowed_sets', 'stress_task_pool', 'thread_governor_decide']
 class StepPolicy:
-    max_padded_gap: int
-    prompts_first: bool
+    """
+    The step's CPU/GPU choices (core/loop/step_policy.hpp).
+    """
     last_prompt_token_alone: bool
-    max_decode_waits: int
-    split_rows: bool
+    prompts_first: bool
     share_prefixes: bool
+    split_rows: bool
+    def __init__(self) -> None:
+        ...
     @property
-    def pool_anticipate_us(self) -> int: ...
+    def mask_workers(self) -> int:
+        ...
+    @mask_workers.setter
+    def mask_workers(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
     @property
-    def pool_caller_spin_us(self) -> int: ...
-    def __init__(self) -> None: ...
-
-def resolve_step_policy(
-    output_on_gpu: bool, kv_unified: bool, memory_copies_by_position: bool, share_prefixes: bool, n_parallel: int,
-    n_threads: int,
-) -> StepPolicy: ...
-
+    def max_decode_waits(self) -> int:
+        ...
+    @max_decode_waits.setter
+    def max_decode_waits(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def max_padded_gap(self) -> int:
+        ...
+    @max_padded_gap.setter
+    def max_padded_gap(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def pool_anticipate_us(self) -> int:
+        ...
+    @property
+    def pool_caller_spin_us(self) -> int:
+        ...
 class SlotState:
+    """
+    One slot as the step planner sees it.
+    """
     active: bool
     prefilling: bool
     waiting: bool
-    left: int
-    def __init__(self, active: bool = False, prefilling: bool = False, waiting: bool = False, left: int = 0) -> None: ...
-
-def plan_step(
-    slots: Sequence[SlotState], policy: StepPolicy, n_batch: int, rotation: int = 0, decode_waits: int = 0
-) -> Dict[str, Union[List[int], List[bool], int, bool]]: ...
-def generate_with_policy(
-    ctx: Context, prompts: Sequence[str], params: Sequence[GenerateParams], policy: StepPolicy
-) -> List[Completion]: ...
-
+    def __init__(self, active: bool = False, prefilling: bool = False, waiting: bool = False, left: typing.SupportsInt | typing.SupportsIndex = 0) -> None:
+        ...
+    @property
+    def left(self) -> int:
+        ...
+    @left.setter
+    def left(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
 class SharingSlot:
+    """
+    One slot as prefix sharing sees it.
+    """
     active: bool
-    n_fed: int
-    prompt_size: int
+    def __init__(self, active: bool = False, n_fed: typing.SupportsInt | typing.SupportsIndex = 0, prompt_size: typing.SupportsInt | typing.SupportsIndex = 0) -> None:
+        ...
     @property
-    def waiting(self) -> bool: ...
+    def copied(self) -> bool:
+        ...
     @property
-    def copied(self) -> bool: ...
+    def donor(self) -> int:
+        ...
     @property
-    def donor(self) -> int: ...
-    def __init__(self, active: bool = False, n_fed: int = 0, prompt_size: int = 0) -> None: ...
-
+    def n_fed(self) -> int:
+        ...
+    @n_fed.setter
+    def n_fed(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def prompt_size(self) -> int:
+        ...
+    @prompt_size.setter
+    def prompt_size(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def waiting(self) -> bool:
+        ...
 class PrefixSharing:
-    def __init__(self, n_slots: int, min_shared: int = ...) -> None: ...
-    def pair_up(self, a: int, prompt_a: List[int], b: int, prompt_b: List[int]) -> None: ...
-    def common(self, a: int, b: int) -> int: ...
-    def decide(self, slots: Sequence[SharingSlot]) -> List[SharingSlot]: ...
-
+    """
+    core/loop/prefix_sharing.hpp's decisions, without a KV cache.
+    """
+    def __init__(self, n_slots: typing.SupportsInt | typing.SupportsIndex, min_shared: typing.SupportsInt | typing.SupportsIndex = 16) -> None:
+        ...
+    def common(self, a: typing.SupportsInt | typing.SupportsIndex, b: typing.SupportsInt | typing.SupportsIndex) -> int:
+        ...
+    def decide(self, slots: collections.abc.Sequence[SharingSlot]) -> list[SharingSlot]:
+        """
+        The slots with waiting, copied, donor and n_fed decided for one step.
+        """
+    def pair_up(self, a: typing.SupportsInt | typing.SupportsIndex, prompt_a: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], b: typing.SupportsInt | typing.SupportsIndex, prompt_b: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], samples: bool = False) -> None:
+        ...
 class TextStream:
-    def __init__(self, streaming: bool = True) -> None: ...
-    def append(self, piece: bytes, stops: List[str] = ...) -> bool: ...
-    def next_piece(self, stops: List[str] = ..., final: bool = False) -> str: ...
-    def take_text(self) -> str: ...
+    """
+    core/loop/text_stream.hpp: a generation's text, stop strings, pieces.
+    """
+    def __init__(self, streaming: bool = True) -> None:
+        ...
+    def append(self, piece: bytes, stops: collections.abc.Sequence[str] = []) -> bool:
+        ...
+    def next_piece(self, stops: collections.abc.Sequence[str] = [], final: bool = False) -> str:
+        ...
+    def take_text(self) -> str:
+        ...
     @property
-    def bytes(self) -> bytes: ...
-
-def choose_way(n_rows: int, work: int, have_pool: bool, split_rows: bool, rows_split: bool) -> str: ...
-def choose_work(params: GenerateParams, n_logits: int) -> int: ...
-def rows_split(params: GenerateParams, n_logits: int, device_blocks: bool = False) -> bool: ...
-def sample_against_llama(
-    params: GenerateParams,
-    seed: int,
-    logits: List[float],
-    blocks: List[int],
-    width: int,
-    draws: int,
-    split_rows: int = 0,
-    pool_workers: int = 0,
-) -> Tuple[List[int], List[int]]: ...
-def device_serves(params: GenerateParams) -> bool: ...
-def measure_grammar(model: Model, params: GenerateParams, tokens: List[int]) -> Dict[str, float]: ...
-def set_allowed_sets(ctx: Context, on: bool) -> None: ...
-def compare_masks(model: Model, params: GenerateParams, steps: int, seed: int, workers: int = 0) -> Dict[str, int]: ...
-def allowed_sets(ctx: Context) -> bool: ...
-def stress_task_pool(n_workers: int, runs: int, caller_spin_us: int = 0, anticipate_us: int = 0) -> int: ...
-
-def fail_engine_worker(engine: Engine, message: str) -> None: ...
+    def bytes(self) -> bytes:
+        ...
+def allowed_sets() -> bool:
+    """
+    Whether constrained rows share allowed-token sets.
+    """
+def available_cpus() -> int:
+    """
+    CPUs this process may use: n_threads=None's threads (core/threads/cpus.hpp).
+    """
+def cgroup_cpu_quota(root: str) -> float:
+    """
+    The CPU quota (CPUs; 0: none) of the cgroups named under root/proc/self (core/threads/cpus.hpp).
+    """
+def choose_way(n_rows: typing.SupportsInt | typing.SupportsIndex, work: typing.SupportsInt | typing.SupportsIndex, have_pool: bool, split_rows: bool, rows_split: bool) -> str:
+    """
+    core/sampling/token_chooser.hpp's decision: 'one_thread', 'pooled' or 'split'.
+    """
+def choose_work(params: fastpar._core.GenerateParams, n_logits: typing.SupportsInt | typing.SupportsIndex) -> int:
+    """
+    Work units of choosing from a row of n_logits with these params.
+    """
+def compare_masks(model: fastpar._core.Model, params: fastpar._core.GenerateParams, steps: typing.SupportsInt | typing.SupportsIndex, seed: typing.SupportsInt | typing.SupportsIndex, workers: typing.SupportsInt | typing.SupportsIndex = 0) -> dict:
+    """
+    Whole masks of the allowed-token sets against llama.cpp's, along a random walk (core/structured/structured.hpp).
+    """
+def cpus_within(n_affinity: typing.SupportsInt | typing.SupportsIndex, quota: typing.SupportsFloat | typing.SupportsIndex) -> int:
+    """
+    Threads for an affinity mask of n_affinity CPUs and a quota (core/threads/cpus.hpp).
+    """
+def device_serves(params: fastpar._core.GenerateParams) -> bool:
+    """
+    Whether device sampling may cut this request's rows down (LogitReducer::serves).
+    """
+def fail_engine_worker(engine: fastpar._core.Engine, message: str) -> None:
+    """
+    For tests: the engine's worker throws Error(message) between two steps, as a failing step would (Engine::post).
+    """
+def generate_with_policy(ctx: fastpar._core.Context, prompts: collections.abc.Sequence[str], params: collections.abc.Sequence[fastpar._core.GenerateParams], policy: StepPolicy) -> list[fastpar._core.Completion]:
+    """
+    Context.generate of text prompts with another step policy than the context's (a GPU's rules on a CPU).
+    """
+def measure_grammar(model: fastpar._core.Model, params: fastpar._core.GenerateParams, tokens: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex]) -> dict:
+    """
+    What a json_schema or grammar constraint costs (core/structured/structured.hpp, measure_grammar).
+    """
+def plan_step(slots: collections.abc.Sequence[SlotState], policy: StepPolicy, n_batch: typing.SupportsInt | typing.SupportsIndex, rotation: typing.SupportsInt | typing.SupportsIndex = 0, decode_waits: typing.SupportsInt | typing.SupportsIndex = 0) -> dict:
+    """
+    core/loop/step_plan.hpp's plan_step: a dict of n_plan and pad per slot, decode_waits, prompts_first, n_tokens.
+    """
+def resolve_step_policy(output_on_gpu: bool, kv_unified: bool, memory_copies_by_position: bool, share_prefixes: bool, n_parallel: typing.SupportsInt | typing.SupportsIndex, n_threads: typing.SupportsInt | typing.SupportsIndex) -> StepPolicy:
+    ...
+def rows_split(params: fastpar._core.GenerateParams, n_logits: typing.SupportsInt | typing.SupportsIndex, device_blocks: bool = False) -> bool:
+    """
+    core/sampling/sampling.hpp's splits(): whether a row of n_logits may be split over threads.
+    """
+def sample_against_llama(params: fastpar._core.GenerateParams, seed: typing.SupportsInt | typing.SupportsIndex, logits: collections.abc.Sequence[typing.SupportsFloat | typing.SupportsIndex], blocks: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], width: typing.SupportsInt | typing.SupportsIndex, draws: typing.SupportsInt | typing.SupportsIndex, split_rows: typing.SupportsInt | typing.SupportsIndex = 0, pool_workers: typing.SupportsInt | typing.SupportsIndex = 0) -> tuple[list[int], list[int]]:
+    """
+    Tokens fastpar's host sampling picks next to those llama.cpp's own chain picks (core/sampling/sampling.hpp, sample_against_llama).
+    """
+def set_allowed_sets(on: bool) -> None:
+    """
+    Whether constrained rows share allowed-token sets by grammar state (on by default; read when
+    a call starts a constrained request). Off: each refusal masks with the row's grammar alone.
+    """
+def stress_task_pool(n_workers: typing.SupportsInt | typing.SupportsIndex, runs: typing.SupportsInt | typing.SupportsIndex, caller_spin_us: typing.SupportsInt | typing.SupportsIndex = 0, anticipate_us: typing.SupportsInt | typing.SupportsIndex = 0) -> int:
+    """
+    Runs that broke the sampling pool's contract (testing.cpp, stress_task_pool).
+    """
+def thread_governor_decide(threads: typing.SupportsInt | typing.SupportsIndex, max_threads: typing.SupportsInt | typing.SupportsIndex, waited: typing.SupportsFloat | typing.SupportsIndex, since_change_s: typing.SupportsFloat | typing.SupportsIndex) -> int:
+    """
+    ThreadGovernor's rule on one window (core/threads/thread_governor.hpp): the next thread count.
+    """
+MAX_PADDED_GAP_GPU: int = 32
+MIN_POOLED: int = 8
+MIN_POOLED_WORK: int = 262144
+MIN_SHARED_PREFIX: int = 16
+MIN_SPLIT: int = 2
+STREAMING_DECODE_WAITS: int = 3
+UNLIMITED_DECODE_WAITS: int = 2147483647
+cpu_batch: int = 512
+gpu_batch: int = 2048
