@@ -6,6 +6,7 @@
 #include <pybind11/stl.h>
 
 #include "core/loop/context.hpp"
+#include "core/loop/requests.hpp"
 #include "core/base/errors.hpp"
 #include "python/module.hpp"
 #include "python/records.hpp"
@@ -121,7 +122,7 @@ void register_generate(py::module_ & m) {
         .def_readwrite("grammar", &GenerateParams::grammar)
         .def_readwrite("prompt_logprobs", &GenerateParams::prompt_logprobs)
         .def_readwrite("prompt_logprobs_from", &GenerateParams::prompt_logprobs_from)
-        .def("validate", [](const GenerateParams & p) { validate(p); },
+        .def("validate", [](const GenerateParams & p) { check_params(p); },
              "Raises ValueError naming the first option out of range.");
     m.attr("MAX_TOP_LOGPROBS") = kMaxTopLogprobs;
 

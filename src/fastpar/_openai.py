@@ -4,7 +4,6 @@ dependencies: ``fastpar serve`` and ``fastpar run`` share it)."""
 from __future__ import annotations
 
 import dataclasses
-import random
 from collections.abc import Mapping
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -277,19 +276,10 @@ class Parsed:
     def param(self) -> str:
         return "messages" if self.chat else "prompt"
 
-    def sampling_params(self) -> List[SamplingParams]:
-        """One SamplingParams per sample: sample j is seeded seed + j, as generate_parallel's n."""
-        seed = self.opts.get("seed")
-        if seed is None and self.n > 1:
-            seed = random.getrandbits(32)
+    def sampling_params(self) -> SamplingParams:
+        """The request's SamplingParams, ``n`` included: sample j is seeded seed + j."""
         try:
-            out = []
-            for j in range(self.n):
-                o = dict(self.opts)
-                if seed is not None:
-                    o["seed"] = (seed + j) % (1 << 32)
-                out.append(SamplingParams(**o))
-            return out
+            return SamplingParams(n=self.n, **self.opts)
         except (TypeError, ValueError) as e:
             raise _bad(_param_of(str(e), self.param), str(e)) from None
 
