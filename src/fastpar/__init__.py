@@ -11,7 +11,9 @@ from . import _openmp
 
 _openmp.choose()  # before the native modules load OpenMP (_openmp.py says why)
 
-from ._api import Context, Model, SamplingParams, generate_parallel  # noqa: E402
+from ._context import Context, generate_parallel  # noqa: E402
+from ._model import Model
+from ._options import SamplingParams
 from ._core import Completion, EngineClosed, EngineStats, FastparError, ModelLoadError, QueueFull, Stats
 from ._engine import Engine, Request
 from ._core import backend as _backend

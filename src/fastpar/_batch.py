@@ -17,7 +17,7 @@ import secrets
 import time
 from typing import Any, Dict, Iterator, List, Optional, Set, TextIO, Tuple
 
-from ._api import SamplingParams
+from ._options import SamplingParams
 from ._openai import APIError, Parsed, failure, parse, response_body
 
 URLS = {"/v1/chat/completions": True, "/v1/completions": False}
@@ -98,7 +98,7 @@ def run_batch(ctx: Any, input_path: str, output_path: str, *, limit: Optional[in
     failed (an error, a status other than 200), skipped (already in the output)."""
     from tqdm.auto import tqdm
 
-    from ._api import generate_parallel
+    from ._context import generate_parallel
 
     done = _read_done(output_path)
     counts = {"answered": 0, "failed": 0, "skipped": 0}

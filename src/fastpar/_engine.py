@@ -10,7 +10,9 @@ import asyncio
 from typing import AsyncIterator, Callable, Iterator, List, Optional, Tuple, Union
 
 from . import _core
-from ._api import _CONTEXT_DEFAULTS, Model, Prompt, SamplingParams, _context_params, _params_list, _prompt, _with_options
+from ._model import Model
+from ._options import _CONTEXT_DEFAULTS, SamplingParams, _context_params, _params_list, _with_options
+from ._prompts import Prompt, _prompt
 
 __all__ = ["Engine", "Request"]
 

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any, Dict, List, Optional, Tuple
 
 from . import _core
-from ._api import SamplingParams
+from ._options import SamplingParams
 
 #: Most samples (``n``) one request may ask for, and most prompts in one completions call.
 MAX_N = 128

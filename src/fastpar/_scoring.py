@@ -13,7 +13,8 @@ from collections.abc import Sequence
 from typing import Callable, List, NamedTuple, Optional, Tuple, Union
 
 from . import _core
-from ._api import Context, _text
+from ._context import Context
+from ._prompts import _text
 
 __all__ = ["Loglikelihood", "Perplexity", "RollingLoglikelihood", "loglikelihood", "loglikelihood_rolling",
            "perplexity"]

@@ -20,7 +20,9 @@ from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 
 from . import _core, _scoring
-from ._api import Context, Model, SamplingParams
+from ._context import Context
+from ._model import Model
+from ._options import SamplingParams
 
 __all__ = ["FastparLM"]
 

@@ -28,7 +28,7 @@ except ImportError as _e:  # pragma: no cover - exercised only without the extra
                       f"(importing ray failed: {_e})") from _e
 
 import fastpar
-from fastpar._api import _CONTEXT_DEFAULTS, SamplingParams
+from fastpar._options import _CONTEXT_DEFAULTS, SamplingParams
 
 __all__ = ["ERROR_COLUMN", "FastparPredictor", "FastparProcessor", "FastparProcessorConfig", "build_processor"]
 
