@@ -110,8 +110,9 @@ def generate_parallel(
     """Generate a completion for every prompt in one unified batch; results in input order.
 
     ``prompts`` is a sequence (list, tuple, 1-D numpy array, ...); a prompt is a ``str``
-    (raw text; special tokens in it are parsed) or a list of
-    ``{"role": ..., "content": ...}`` messages rendered with the model's chat template.
+    (raw text; special tokens in it are parsed), a list of
+    ``{"role": ..., "content": ...}`` messages rendered with the model's chat template, or
+    a list of token ids fed as they are (an id outside the vocabulary fails that prompt).
     Every prompt gets its own sequence, sampler and KV cells: its output does not depend
     on its batch-mates. More prompts than ``ctx.n_parallel`` are queued and fill slots
     as they free up.

@@ -146,7 +146,7 @@ class Engine:
     @_with_options
     def submit(self, prompt: Prompt, params: Optional[SamplingParams] = None, *, block: bool = False,
                timeout: Optional[float] = None, **options) -> Request:
-        """Queue one prompt (a ``str`` or chat messages) with one
+        """Queue one prompt (a ``str``, chat messages or token ids) with one
         ``fastpar.SamplingParams`` or ``generate_parallel``'s keyword options (not both:
         ``TypeError``); returns at once. With ``n > 1`` the request holds ``n`` samples of
         the prompt (``Request``): they count as ``n`` requests against ``n_parallel`` and
@@ -222,6 +222,16 @@ class Engine:
                 request.cancel()
 
     # -- state ----------------------------------------------------------------------------
+
+    @property
+    def n_parallel(self) -> int:
+        """Slots: samples decoded together."""
+        return self._engine.n_parallel
+
+    @property
+    def n_ctx_per_seq(self) -> int:
+        """Positions one prompt plus its generation may use (as ``Context.n_ctx_per_seq``)."""
+        return self._engine.n_ctx_per_seq
 
     # -- state ----------------------------------------------------------------------------
 

@@ -47,11 +47,34 @@ class Model:
     def description(self) -> str:
         return self._model.description
 
-    def tokenize(self, text: str) -> List[int]:
-        """Token ids of ``text`` as generation feeds them (BOS rules applied, special tokens parsed)."""
+    @property
+    def token_bos(self) -> int:
+        """The beginning-of-sequence token's id; -1 for a vocabulary without one."""
+        return self._model.token_bos
+
+    @property
+    def token_eos(self) -> int:
+        """The end-of-sequence token's id."""
+        return self._model.token_eos
+
+    @property
+    def prefix_token(self) -> int:
+        """The token an empty context stands for when scoring: BOS, or EOS for a
+        vocabulary without one (lm-evaluation-harness's ``prefix_token_id``)."""
+        bos = self._model.token_bos
+        return bos if bos >= 0 else self._model.token_eos
+
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> List[int]:
+        """Token ids of ``text``. With the defaults, as generation feeds a prompt:
+        ``add_special`` adds BOS (and EOS) as the vocabulary asks, ``parse_special`` turns
+        special-token text (``<|im_start|>``) into its token."""
         if not isinstance(text, str):
             raise TypeError(f"text must be a str, got {type(text).__name__}")
-        return self._model.tokenize(text)
+        return self._model.tokenize(text, _bool("parse_special", parse_special), _bool("add_special", add_special))
+
+    def token_bytes(self, token: int) -> bytes:
+        """The bytes token ``token`` stands for (a piece of a character may be part of one)."""
+        return self._model.token_bytes(_int("token", token))
 
     def apply_chat_template(self, messages: Sequence[Message]) -> str:
         """``messages`` rendered with the model's own chat template, assistant turn opened."""

@@ -1,4 +1,4 @@
-"""Prompts as the core takes them: text or chat messages, checked and converted."""
+"""Prompts as the core takes them: text, chat messages or token ids, checked and converted."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from . import _core
 __all__ = ["Prompt"]
 
 Message = Mapping[str, str]
-Prompt = Union[str, Sequence[Message]]
+Prompt = Union[str, Sequence[Message], Sequence[int]]
 
 
 def _text(text: str, where: str) -> str:
@@ -39,12 +39,28 @@ def _messages(messages: object, where: str) -> List[_core.ChatMessage]:
     return out
 
 
+def _tokens(tokens: Sequence, where: str) -> List[int]:
+    # Each id is checked against the vocabulary when the prompt is admitted (a bad one
+    # fails that prompt alone); here only what the core's 32-bit ids cannot hold.
+    out = []
+    for j, t in enumerate(tokens):
+        if isinstance(t, bool) or not isinstance(t, int):
+            raise TypeError(f"{where}[{j}] must be a token id (int), got {type(t).__name__}")
+        if not -2**31 <= t < 2**31:
+            raise ValueError(f"{where}[{j}] = {t} is no token id")
+        out.append(t)
+    return out
+
+
 def _prompt(prompt: object, where: str):
     if isinstance(prompt, str):
         return _text(prompt, where)
     if isinstance(prompt, Sequence) and not isinstance(prompt, (bytes, bytearray)):
+        if len(prompt) > 0 and isinstance(prompt[0], int) and not isinstance(prompt[0], bool):
+            return _tokens(prompt, where)
         return _messages(prompt, where)
-    raise TypeError(f"{where} must be a str or a list of chat messages, got {type(prompt).__name__}")
+    raise TypeError(f"{where} must be a str, a list of chat messages or a list of token ids, "
+                    f"got {type(prompt).__name__}")
 
 
 def _prompts(prompts: object) -> list:
@@ -54,6 +70,6 @@ def _prompts(prompts: object) -> list:
     if not bad and not isinstance(prompts, Sequence):
         bad = not (hasattr(prompts, "__len__") and hasattr(prompts, "__getitem__")) or getattr(prompts, "ndim", 1) != 1
     if bad:
-        raise TypeError("prompts must be a sequence of str (or of chat-message lists), "
+        raise TypeError("prompts must be a sequence of str (or of chat-message lists, or of token-id lists), "
                         f"got {type(prompts).__name__}")
     return [_prompt(p, f"prompts[{i}]") for i, p in enumerate(prompts)]

@@ -28,7 +28,7 @@ except ImportError as _e:  # pragma: no cover - exercised only without the extra
                       f"(importing ray failed: {_e})") from _e
 
 import fastpar
-from fastpar._options import _CONTEXT_DEFAULTS, SamplingParams
+from fastpar import SamplingParams
 
 __all__ = ["ERROR_COLUMN", "FastparPredictor", "FastparProcessor", "FastparProcessorConfig", "build_processor"]
 
@@ -37,6 +37,8 @@ __all__ = ["ERROR_COLUMN", "FastparPredictor", "FastparProcessor", "FastparProce
 ERROR_COLUMN = "__inference_error__"
 
 _SAMPLING_FIELDS = tuple(f.name for f in dataclasses.fields(SamplingParams))
+# The engine's own defaults, from its signature: the config's are the same.
+_ENGINE_DEFAULTS = inspect.signature(fastpar.Engine).parameters
 _INT_FIELDS = ("max_tokens", "top_k", "repeat_last_n", "seed", "top_logprobs", "n")
 
 
@@ -58,8 +60,8 @@ class FastparProcessorConfig:
     """
 
     model_source: str
-    n_parallel: int = _CONTEXT_DEFAULTS.n_parallel
-    n_ctx_per_seq: int = _CONTEXT_DEFAULTS.n_ctx_per_seq
+    n_parallel: int = _ENGINE_DEFAULTS["n_parallel"].default
+    n_ctx_per_seq: int = _ENGINE_DEFAULTS["n_ctx_per_seq"].default
     n_gpu_layers: int = 0
     num_cpus: float = 1
     num_gpus: float = 0

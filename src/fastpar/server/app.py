@@ -1,4 +1,4 @@
-"""An OpenAI-compatible HTTP server over one ``fastpar.Engine`` (``fastpar serve``).
+"""The OpenAI-compatible HTTP application over one ``fastpar.Engine`` (``fastpar serve``).
 
 ``create_app(engine)`` returns the ASGI application (Starlette); ``serve(...)`` runs it
 with uvicorn. Every prompt of a request becomes one Engine request holding its ``n``
@@ -32,11 +32,11 @@ import secrets
 import time
 from typing import Any, Callable, Dict, List, Optional, Union
 
-from . import _core
-from ._core import Completion
-from ._engine import Engine, Request
-from ._openai import RETRY_AFTER_S, APIError, Parsed, chunk_logprobs, failure, parse, prompt_failure, prompt_tokens
-from ._openai import response_body, usage
+import fastpar
+from fastpar import Completion, Engine, Request
+
+from .protocol import RETRY_AFTER_S, APIError, Parsed, chunk_logprobs, failure, parse, prompt_failure, prompt_tokens
+from .protocol import response_body, usage
 
 __all__ = ["create_app", "serve"]
 
@@ -160,10 +160,10 @@ class _Job:
                 r = engine.submit(prompt, params)
                 self.requests.append(r)
                 r.on_update(self.wakeup.notify)
-        except _core.QueueFull:
+        except fastpar.QueueFull:
             self.cancel()
             raise _queue_full() from None
-        except _core.EngineClosed as e:
+        except fastpar.EngineClosed as e:
             self.cancel()
             raise APIError(503, f"the server is shutting down: {e}", "server_error", code="engine_closed") from None
         except (TypeError, ValueError) as e:
@@ -279,10 +279,10 @@ def create_app(engine: Union[Engine, Callable[[], Engine]], *, model_name: Optio
                     body = json.loads(raw)
                 except ValueError as e:
                     raise APIError(400, f"the request body is not valid JSON: {e}") from None
-                req = parse(body, chat, engine._engine.n_ctx_per_seq)
+                req = parse(body, chat, engine.n_ctx_per_seq)
                 if max_queued is not None:
                     s = engine.stats()
-                    free = engine._engine.n_parallel - s.n_active
+                    free = engine.n_parallel - s.n_active
                     if s.n_queued + len(req.prompts) * req.n - max(free, 0) > max_queued:
                         raise _queue_full()
                 job = _Job(engine, req)
@@ -342,14 +342,14 @@ def create_app(engine: Union[Engine, Callable[[], Engine]], *, model_name: Optio
                 finished(name, t0, completions, n_prompt, "error")
                 return _error(err)
         finished(name, t0, completions, n_prompt, "success")
-        return JSONResponse(response_body(req, rid, int(time.time()), model, completions, engine.model._model))
+        return JSONResponse(response_body(req, rid, int(time.time()), model, completions, engine.model))
 
     async def stream(name: str, req: Parsed, job: _Job, gone, rid: str, model: str, engine: Engine, t0: float):
         chat = req.chat
         obj = "chat.completion.chunk" if chat else "text_completion"
         created = int(time.time())
         extra = {"usage": None} if req.include_usage else {}
-        vocab = engine.model._model
+        vocab = engine.model
 
         def chunk(index: int, text: Optional[str], finish: Optional[str], logprobs: Any = None,
                   role: bool = False) -> bytes:
@@ -437,7 +437,7 @@ def create_app(engine: Union[Engine, Callable[[], Engine]], *, model_name: Optio
             return JSONResponse({"status": "closed"}, status_code=503)
         s = state.engine.stats()
         return JSONResponse({"status": "ok", "model": state.model_name, "slots_busy": s.n_active,
-                             "slots_total": state.engine._engine.n_parallel, "queue_depth": s.n_queued})
+                             "slots_total": state.engine.n_parallel, "queue_depth": s.n_queued})
 
     async def metrics_endpoint(request: HTTPRequest) -> Response:
         return Response(prometheus_client.generate_latest(metrics.registry),
@@ -467,8 +467,6 @@ def serve(model: Optional[str] = None, *, host: str = "127.0.0.1", port: int = 8
     import signal
 
     import uvicorn
-
-    import fastpar
 
     class Server(uvicorn.Server):
         # uvicorn re-raises the signal it stopped on once it has shut down, so the process

@@ -17,8 +17,9 @@ import secrets
 import time
 from typing import Any, Dict, Iterator, List, Optional, Set, TextIO, Tuple
 
-from ._options import SamplingParams
-from ._openai import APIError, Parsed, failure, parse, response_body
+import fastpar
+
+from .protocol import APIError, Parsed, failure, parse, response_body
 
 URLS = {"/v1/chat/completions": True, "/v1/completions": False}
 #: Lines given to one generate_parallel call: enough to keep every slot busy, few enough
@@ -91,14 +92,12 @@ def _lines(path: str) -> Iterator[Tuple[int, str]]:
                 yield number, raw
 
 
-def run_batch(ctx: Any, input_path: str, output_path: str, *, limit: Optional[int] = None,
+def run_batch(ctx: fastpar.Context, input_path: str, output_path: str, *, limit: Optional[int] = None,
               progress: bool = True, model_name: str = "fastpar") -> Dict[str, int]:
     """Answers every line of ``input_path`` not yet in ``output_path`` (appending to it);
     ``limit``: at most that many lines this time. Returns counts: answered (status 200),
     failed (an error, a status other than 200), skipped (already in the output)."""
     from tqdm.auto import tqdm
-
-    from ._context import generate_parallel
 
     done = _read_done(output_path)
     counts = {"answered": 0, "failed": 0, "skipped": 0}
@@ -115,7 +114,6 @@ def run_batch(ctx: Any, input_path: str, output_path: str, *, limit: Optional[in
             break
         todo.append(line)
 
-    model_core = ctx.model._model
     with open(output_path, "a", encoding="utf-8") as out, \
             tqdm(total=len(todo), unit="line", desc="fastpar run", disable=not progress) as bar:
         def write(line: _Line, status: Optional[int], body: Optional[Dict[str, Any]], error: Optional[str]) -> None:
@@ -133,7 +131,7 @@ def run_batch(ctx: Any, input_path: str, output_path: str, *, limit: Optional[in
         for start in range(0, len(todo), CHUNK_LINES):
             chunk = todo[start:start + CHUNK_LINES]
             prompts: List[Any] = []
-            params: List[SamplingParams] = []
+            params: List[fastpar.SamplingParams] = []
             owner: List[int] = []  # prompt -> index in chunk
             for i, line in enumerate(chunk):
                 if line.req is None:
@@ -173,9 +171,9 @@ def run_batch(ctx: Any, input_path: str, output_path: str, *, limit: Optional[in
                 else:
                     rid = ("chatcmpl-" if line.req.chat else "cmpl-") + secrets.token_hex(12)
                     write(line, 200, response_body(line.req, rid, int(time.time()), line.req.model or model_name,
-                                                   completions, model_core), None)
+                                                   completions, ctx.model), None)
 
-            generate_parallel(ctx, prompts, params, on_completion=on_completion)
+            fastpar.generate_parallel(ctx, prompts, params, on_completion=on_completion)
     return counts
 
 
