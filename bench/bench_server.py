@@ -156,12 +156,12 @@ async def engine_load(engine: fastpar.Engine, requests: list, users: int) -> dic
                               ignore_eos=True)
             loop = asyncio.get_running_loop()
             wake = asyncio.Event()
-            r._handle.set_listener(lambda: loop.call_soon_threadsafe(wake.set))
+            r.on_update(lambda: loop.call_soon_threadsafe(wake.set))
             while True:
                 await wake.wait()
                 wake.clear()
                 done = r.done()
-                if first is None and r._handle.take_pieces():
+                if first is None and r.take_pieces():
                     first = time.perf_counter() - t0
                 if done:
                     break

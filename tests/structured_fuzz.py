@@ -145,7 +145,7 @@ def run(seed: int, count: int, max_tokens: int) -> Dict[str, int]:
                 counts["accepted_unsupported"] += 1
             requests.append((kind, text, handle))
         for kind, text, handle in requests:
-            c = handle.result(None)
+            (c,) = handle.result(None)  # the core's handle: one completion a sample
             if c.finish_reason == "error":
                 counts["errors"] += 1
             elif c.finish_reason == "stop":

@@ -11,7 +11,7 @@ import time
 import pytest
 
 import fastpar
-from conftest import GREEDY, MORE_PROMPTS, assert_as_solo
+from conftest import GREEDY, MORE_PROMPTS, ON_GPU, assert_as_solo
 
 # Mixed prompt lengths: short ones and a few long ones (a couple of hundred tokens).
 LONG = ("Summarise the following notes. " + "The meeting covered budgets, hiring, and the roadmap. " * 12)
@@ -289,6 +289,38 @@ def test_asyncio_astream(engine):
     assert "".join(pieces) == expected.text and len(pieces) > 1
 
 
+@pytest.mark.skipif(ON_GPU, reason="token-exact comparison across batch shapes holds on the CPU")
+def test_samples_stream_as_pairs_and_cancel_together(engine):
+    params = fastpar.SamplingParams(n=3, temperature=0.9, seed=7, max_tokens=24)
+    r = engine.submit("Tell me about the ocean.", params)
+    texts = ["", "", ""]
+    for j, piece in r:  # with n > 1: (sample, piece) pairs
+        assert isinstance(piece, str) and piece
+        texts[j] += piece
+    assert texts == [c.text for c in r.result()] and len(set(texts)) > 1
+    long = engine.submit("Once upon a time", n=3, max_tokens=400, ignore_eos=True, **GREEDY)
+    next(iter(long))
+    long.cancel()  # every sample
+    assert [c.finish_reason for c in long.result(timeout=HANG)] == ["cancelled"] * 3
+    assert engine.kv_seq_pos_max() == [-1] * 8
+    with pytest.raises(ValueError, match="n_parallel \\+ max_queued"):
+        engine.submit("x", n=8 + 1024 + 1)  # more samples than the engine holds: never queued
+
+
+@pytest.mark.skipif(ON_GPU, reason="token-exact comparison across batch shapes holds on the CPU")
+def test_asyncio_samples(engine):
+    params = fastpar.SamplingParams(n=2, temperature=0.9, seed=3, max_tokens=16)
+
+    async def main():
+        texts = ["", ""]
+        async for j, piece in engine.astream("The three primary colors are", params):
+            texts[j] += piece
+        return texts, await engine.agenerate("The three primary colors are", params)
+
+    texts, completions = asyncio.run(main())
+    assert texts == [c.text for c in completions] and len(completions) == 2
+
+
 POLL_WHILE_LISTENING = """
 import sys, fastpar
 model = fastpar.Model(sys.argv[1])
@@ -297,9 +329,9 @@ with fastpar.Engine(model, n_parallel=4, n_ctx_per_seq=64, n_threads=1) as engin
     for _ in range(60):
         requests = [engine.submit("Hello there", max_tokens=3, temperature=0.0) for _ in range(4)]
         for r in requests:
-            r._handle.set_listener(lambda: calls.append(1))
-        while not all(r._handle.done() for r in requests):  # the GIL held, polling
-            requests[0]._handle.take_pieces()
+            r.on_update(lambda: calls.append(1))
+        while not all(r.done() for r in requests):  # the GIL held, polling
+            requests[0].take_pieces()
 print("ok", len(calls))
 """
 

@@ -16,7 +16,7 @@ from typing import Dict, List, NamedTuple
 import pytest
 
 import fastpar
-from fastpar import _api, _core
+from fastpar import _core, _options
 from test_capi import compile_c
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -120,7 +120,7 @@ def test_python_declares_each_public_option_with_the_cores_default():
         public = [f.name for f in FIELDS["context"] if f.py]
         assert [n for n in keywords if n in {f.name for f in FIELDS["context"]}] == public, cls.__name__
         # None stands for the core's "auto" value: converted, every default is the core's.
-        converted = _api._context_params(**{n: keywords[n] for n in public})
+        converted = _options._context_params(**{n: keywords[n] for n in public})
         for name in public:
             assert getattr(converted, name) == getattr(CORE_DEFAULTS["context"], name), f"{cls.__name__} {name}"
 

@@ -182,17 +182,43 @@ def test_sampling_params_values():
     assert dataclasses.replace(SP(max_tokens=5), n=3) == SP(max_tokens=5, n=3)
 
 
-def test_engine_takes_params_and_refuses_samples(model):
+def test_engine_takes_params(model):
     with fastpar.Engine(model, n_parallel=2, n_ctx_per_seq=128) as engine:
         a = engine.generate(PROMPTS[0], SP(temperature=0.0, max_tokens=5, top_logprobs=2))
         b = engine.generate(PROMPTS[0], temperature=0.0, max_tokens=5)
         assert a.token_ids == b.token_ids and len(a.top_logprobs) == a.n_gen_tokens
-        with pytest.raises(ValueError, match="one sample"):
-            engine.submit(PROMPTS[0], SP(n=2))
         with pytest.raises(TypeError, match="not both"):
             engine.submit(PROMPTS[0], SP(), max_tokens=2)
         with pytest.raises(TypeError, match="did you mean"):
             engine.submit(PROMPTS[0], max_token=2)
+
+
+@pytest.mark.skipif(ON_GPU, reason="token-exact comparison across batch shapes holds on the CPU")
+def test_engine_samples_equal_generate_parallels_decoded_once(model):
+    n_tok = len(model.tokenize(SAMPLE_PROMPT))
+    params = SP(n=4, temperature=1.0, seed=100, max_tokens=16, ignore_eos=True)
+    ctx = fastpar.Context(model, n_parallel=4, n_ctx_per_seq=256, share_prefixes=False)
+    (want,) = fastpar.generate_parallel(ctx, [SAMPLE_PROMPT], params)
+    with fastpar.Engine(model, n_parallel=4, n_ctx_per_seq=256, share_prefixes=False) as engine:
+        request = engine.submit(SAMPLE_PROMPT, params)
+        assert request.n == 4
+        got = request.result()
+        assert isinstance(got, list) and len(got) == 4
+        assert [c.token_ids for c in got] == [c.token_ids for c in want]
+        assert [c.text for c in got] == [c.text for c in want]
+        # One prompt decoded once: as in generate_parallel, sample 0 decodes it and the
+        # others copy its KV cache (share_prefixes=False: the group alone shares it).
+        assert [c.n_prompt_tokens for c in got] == [c.n_prompt_tokens for c in want]
+        assert sum(c.n_prompt_tokens for c in got) == n_tok + 3
+        stats = engine.stats()
+        assert (stats.n_submitted, stats.n_completed) == (4, 4)
+        assert stats.n_prompt_tokens == n_tok + 3 and stats.n_prompt_tokens_shared == 3 * (n_tok - 1)
+        assert [c.token_ids for c in engine.generate(SAMPLE_PROMPT, params)] == [c.token_ids for c in want]
+        assert [c.token_ids for c in request.completions()] == [c.token_ids for c in got]
+        assert [request.sample_result(j).token_ids for j in range(4)] == [c.token_ids for c in got]
+        one = engine.submit(SAMPLE_PROMPT, dataclasses.replace(params, n=1))
+        assert one.n == 1 and one.result().token_ids == want[0].token_ids  # n=1: one Completion
+        assert [c.token_ids for c in one.completions()] == [want[0].token_ids]
 
 
 def test_top_logprobs_rows_skip_device_sampling(model):

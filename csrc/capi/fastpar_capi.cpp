@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "core/loop/context.hpp"
+#include "core/loop/requests.hpp"
 #include "core/base/errors.hpp"
 #include "core/model/model.hpp"
 
@@ -432,7 +433,7 @@ fastpar_status fastpar_generate_parallel(fastpar_context * ctx, const char * con
                                                           "prompt; use fastpar_generate for samples");
         }
         if (n_prompts == 0) {
-            fastpar::validate(gp);
+            fastpar::check_params(gp);
             *results_out = nullptr;
             return FASTPAR_OK;
         }
@@ -475,7 +476,7 @@ fastpar_status fastpar_generate(fastpar_context * ctx, const fastpar_prompt * pr
         }
         if (n_prompts == 0) {
             for (const auto & p : gp) {
-                fastpar::validate(p);
+                fastpar::check_params(p);
             }
             *results_out = nullptr;
             *n_results_out = 0;

@@ -38,14 +38,22 @@ void register_engine(py::module_ & m) {
         "gen_tokens_per_s"};
     def_record(engine_stats, "EngineStats", engine_stats_fields, engine_stats_fields);
 
-    py::class_<RequestHandle, std::shared_ptr<RequestHandle>>(m, "RequestHandle", "One request of an Engine.")
+    py::class_<RequestHandle, std::shared_ptr<RequestHandle>>(m, "RequestHandle",
+                                                            "One request of an Engine: a prompt and its samples.")
         .def_property_readonly("id", &RequestHandle::id)
+        .def_property_readonly("n_samples", &RequestHandle::n_samples)
         .def("cancel", &RequestHandle::cancel)
-        .def("done", &RequestHandle::done, py::call_guard<py::gil_scoped_release>())
+        .def("done", [](const RequestHandle & h) { return h.done(); }, py::call_guard<py::gil_scoped_release>())
+        .def("sample_done", [](const RequestHandle & h, int32_t sample) { return h.done(sample); },
+             py::arg("sample"), py::call_guard<py::gil_scoped_release>())
         .def("result", [](const RequestHandle & h, std::optional<double> timeout) {
                  py::gil_scoped_release nogil;
                  return h.result(timeout_arg(timeout));
              }, py::arg("timeout") = py::none())
+        .def("sample_result", [](const RequestHandle & h, int32_t sample, std::optional<double> timeout) {
+                 py::gil_scoped_release nogil;
+                 return h.result(sample, timeout_arg(timeout));
+             }, py::arg("sample"), py::arg("timeout") = py::none())
         .def("next_piece", [](RequestHandle & h, std::optional<double> timeout) {
                  py::gil_scoped_release nogil;
                  return h.next_piece(timeout_arg(timeout));

@@ -10,6 +10,7 @@
 #include <pybind11/typing.h>
 
 #include "core/loop/context.hpp"
+#include "core/loop/requests.hpp"
 #include "core/base/errors.hpp"
 #include "python/module.hpp"
 #include "python/records.hpp"
@@ -109,7 +110,7 @@ void register_generate(py::module_ & m) {
         py::class_<GenerateParams> options(m, "GenerateParams", "Options of a generate call; defaults are fastpar's.");
         options.def(py::init<>());
         FASTPAR_GENERATE_FIELDS(FASTPAR_PY_OPTION)
-        options.def("validate", [](const GenerateParams & p) { validate(p); },
+        options.def("validate", [](const GenerateParams & p) { check_params(p); },
                     "Raises ValueError naming the first option out of range.");
     }
     m.attr("MAX_TOP_LOGPROBS") = kMaxTopLogprobs;

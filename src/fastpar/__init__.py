@@ -11,8 +11,11 @@ from . import _openmp
 
 _openmp.choose()  # before the native modules load OpenMP (_openmp.py says why)
 
-from ._api import Context, Model, SamplingParams, generate_parallel  # noqa: E402
-from ._core import Completion, EngineClosed, EngineStats, FastparError, ModelLoadError, QueueFull, Stats
+from ._context import Context, generate_parallel  # noqa: E402
+from ._model import Model
+from ._options import SamplingParams
+from ._core import (MAX_TOP_LOGPROBS, Completion, EngineClosed, EngineStats, FastparError, ModelLoadError, QueueFull,
+                    Stats)
 from ._engine import Engine, Request
 from ._core import backend as _backend
 from ._models import default_model_path
@@ -27,6 +30,7 @@ __all__ = [
     "EngineStats",
     "FastparError",
     "Loglikelihood",
+    "MAX_TOP_LOGPROBS",
     "Model",
     "ModelLoadError",
     "Perplexity",

@@ -78,7 +78,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     import fastpar
-    from fastpar._batch import run_batch
+    from fastpar.server.batch import run_batch
 
     if not os.path.isfile(args.input):
         raise _CommandError(f"no such input file: {args.input}")

@@ -7,10 +7,12 @@ thread that owns one context (docs/design.md): requests join free slots as other
 from __future__ import annotations
 
 import asyncio
-from typing import AsyncIterator, Iterator, List, Optional
+from typing import AsyncIterator, Callable, Iterator, List, Optional, Tuple, Union
 
 from . import _core
-from ._api import _CONTEXT_DEFAULTS, Model, Prompt, SamplingParams, _context_params, _params_list, _prompt, _with_options
+from ._model import Model
+from ._options import _CONTEXT_DEFAULTS, SamplingParams, _context_params, _params_list, _with_options
+from ._prompts import Prompt, _prompt
 
 __all__ = ["Engine", "Request"]
 
@@ -19,9 +21,22 @@ __all__ = ["Engine", "Request"]
 DEFAULT_MAX_QUEUED = 1024
 
 
+#: What a request streams: text pieces (``str``) with one sample, ``(sample, piece)`` pairs
+#: with several.
+Piece = Union[str, Tuple[int, str]]
+
+
 class Request:
-    """One submitted prompt. Iterate over it for its text as it is generated (each piece
-    valid UTF-8; the pieces add up to the final text), or call ``result()``."""
+    """One submitted prompt and its ``n`` samples (``SamplingParams.n``; sample ``j`` seeded
+    ``seed + j``, as ``generate_parallel`` seeds them, so they give the same completions).
+    The samples decode their prompt once and are queued, cancelled and waited for
+    together; each streams and finishes on its own.
+
+    ``result()`` gives what ``generate_parallel`` gives for the prompt: one ``Completion``
+    with ``n == 1``, the list of ``n`` in sample order otherwise (``completions()`` is
+    always that list). Iterating yields the text as it is generated: ``str`` pieces with
+    ``n == 1``, ``(sample, piece)`` pairs otherwise, each sample's pieces in order and
+    adding up to its final text; it ends once every sample has finished."""
 
     def __init__(self, handle: _core.RequestHandle) -> None:
         self._handle = handle
@@ -30,28 +45,66 @@ class Request:
     def id(self) -> int:
         return self._handle.id
 
+    @property
+    def n(self) -> int:
+        """Samples of the prompt."""
+        return self._handle.n_samples
+
     def cancel(self) -> None:
-        """End this request with ``finish_reason == "cancelled"`` (no effect once done)."""
+        """End every unfinished sample with ``finish_reason == "cancelled"`` (no effect
+        once done)."""
         self._handle.cancel()
 
     def done(self) -> bool:
+        """Whether every sample has finished."""
         return self._handle.done()
 
-    def result(self, timeout: Optional[float] = None) -> _core.Completion:
-        """The completion, waiting up to ``timeout`` seconds (None: for ever); raises
-        ``TimeoutError``. Its ``t_queued_ms``, ``t_first_token_ms`` and ``t_total_ms``
-        are this request's timings from submission."""
+    def sample_done(self, sample: int) -> bool:
+        """Whether sample ``sample`` (0 to ``n - 1``) has finished."""
+        return self._handle.sample_done(sample)
+
+    def result(self, timeout: Optional[float] = None) -> Union[_core.Completion, List[_core.Completion]]:
+        """The completion (``n == 1``) or the ``n`` completions in sample order, waiting up
+        to ``timeout`` seconds (None: for ever) for all of them; raises ``TimeoutError``.
+        Their ``t_queued_ms``, ``t_first_token_ms`` and ``t_total_ms`` are each sample's
+        timings from submission."""
+        completions = self._handle.result(timeout)
+        return completions[0] if len(completions) == 1 else completions
+
+    def completions(self, timeout: Optional[float] = None) -> List[_core.Completion]:
+        """The ``n`` completions in sample order (a list also when ``n == 1``), as ``result``."""
         return self._handle.result(timeout)
 
-    def __iter__(self) -> Iterator[str]:
+    def sample_result(self, sample: int, timeout: Optional[float] = None) -> _core.Completion:
+        """Sample ``sample``'s completion, waiting up to ``timeout`` seconds for it alone."""
+        return self._handle.sample_result(sample, timeout)
+
+    def take_pieces(self) -> List[Tuple[int, str]]:
+        """Every ``(sample, piece)`` generated since the last take, without waiting (for
+        code that waits in an event loop: see ``on_update``). A sample's last piece is
+        taken no later than the first ``take_pieces`` after ``sample_done`` turned true.
+        Each piece is delivered once, here or to an iterator."""
+        return self._handle.take_pieces()
+
+    def on_update(self, callback: Callable[[], None]) -> None:
+        """Have ``callback()`` called after each new piece and as each sample finishes (at
+        once if the request has finished). It runs on the engine's worker thread, holding
+        it up: keep it short, e.g. ``loop.call_soon_threadsafe(event.set)``. Its exceptions
+        are ignored. One callback per request: a later call replaces it."""
+        if not callable(callback):
+            raise TypeError(f"callback must be callable, got {type(callback).__name__}")
+        self._handle.set_listener(callback)
+
+    def __iter__(self) -> Iterator[Piece]:
+        single = self.n == 1
         while True:
             piece = self._handle.next_piece(None)
             if piece is None:
                 return
-            yield piece
+            yield piece[1] if single else piece
 
     def __repr__(self) -> str:
-        return f"fastpar.Request(id={self.id}, done={self.done()})"
+        return f"fastpar.Request(id={self.id}, n={self.n}, done={self.done()})"
 
 
 class Engine:
@@ -60,7 +113,8 @@ class Engine:
     Takes the same context options as ``fastpar.Context``, plus ``max_queued`` (>= 1):
     how many requests may wait once every slot is taken; one more makes ``submit`` raise
     ``fastpar.QueueFull`` (or wait, with ``block=True``). Requests that find a free slot
-    never count against it, so a burst of ``n_parallel + max_queued`` is accepted.
+    never count against it, so a burst of ``n_parallel + max_queued`` is accepted. Slots
+    and the queue count samples: a request of ``n`` samples takes ``n`` places.
     Use it as a context manager, or call ``close()``: requests still queued or running
     then end with ``finish_reason == "cancelled"``.
 
@@ -92,14 +146,16 @@ class Engine:
     @_with_options
     def submit(self, prompt: Prompt, params: Optional[SamplingParams] = None, *, block: bool = False,
                timeout: Optional[float] = None, **options) -> Request:
-        """Queue one prompt (a ``str`` or chat messages) with one ``fastpar.SamplingParams``
-        or ``generate_parallel``'s keyword options (not both: ``TypeError``); returns at
-        once. A request is one sample: ``n`` other than 1 is a ``ValueError`` (submit n
-        requests with seeds ``seed + j`` instead). When every slot is taken and ``max_queued``
-        requests wait, raises ``fastpar.QueueFull``; with ``block=True`` it first waits up
-        to ``timeout`` seconds (None: for ever) for room (``timeout`` counts only with
-        ``block=True``, as in ``queue.Queue.put``). Raises ``fastpar.EngineClosed`` after
-        ``close()`` or after the worker failed."""
+        """Queue one prompt (a ``str``, chat messages or token ids) with one
+        ``fastpar.SamplingParams`` or ``generate_parallel``'s keyword options (not both:
+        ``TypeError``); returns at once. With ``n > 1`` the request holds ``n`` samples of
+        the prompt (``Request``): they count as ``n`` requests against ``n_parallel`` and
+        ``max_queued`` and are queued all at once or not at all (``n`` above ``n_parallel +
+        max_queued`` is a ``ValueError``). When the samples find no room (every slot taken
+        and ``max_queued`` requests waiting), raises ``fastpar.QueueFull``; with
+        ``block=True`` it first waits up to ``timeout`` seconds (None: for ever) for room
+        (``timeout`` counts only with ``block=True``, as in ``queue.Queue.put``). Raises
+        ``fastpar.EngineClosed`` after ``close()`` or after the worker failed."""
         if not isinstance(block, bool):
             raise TypeError(f"block must be a bool, got {type(block).__name__}")
         if timeout is not None:
@@ -112,8 +168,10 @@ class Engine:
                                            wait))
 
     @_with_options
-    def generate(self, prompt: Prompt, params: Optional[SamplingParams] = None, **options) -> _core.Completion:
-        """``submit(prompt, params, **options).result()``."""
+    def generate(self, prompt: Prompt, params: Optional[SamplingParams] = None,
+                 **options) -> Union[_core.Completion, List[_core.Completion]]:
+        """``submit(prompt, params, **options).result()``: a ``Completion``, or the list of
+        ``n`` with ``n > 1``."""
         return self._submit(prompt, "Engine.generate", params, options).result()
 
     def _submit(self, prompt: Prompt, call: str, params: Optional[SamplingParams], options: dict) -> Request:
@@ -121,9 +179,9 @@ class Engine:
 
     @_with_options
     async def agenerate(self, prompt: Prompt, params: Optional[SamplingParams] = None,
-                        **options) -> _core.Completion:
-        """Await one completion without blocking the event loop. Cancelling the awaiting
-        task cancels the request."""
+                        **options) -> Union[_core.Completion, List[_core.Completion]]:
+        """Await what ``generate`` returns without blocking the event loop. Cancelling the
+        awaiting task cancels the request."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future = loop.create_future()
         request = self._submit(prompt, "Engine.agenerate", params, options)
@@ -132,7 +190,7 @@ class Engine:
             if request.done():
                 loop.call_soon_threadsafe(_resolve, future, request)
 
-        request._handle.set_listener(on_update)
+        request.on_update(on_update)
         try:
             return await future
         finally:
@@ -141,20 +199,22 @@ class Engine:
 
     @_with_options
     async def astream(self, prompt: Prompt, params: Optional[SamplingParams] = None,
-                      **options) -> AsyncIterator[str]:
-        """Yield text pieces as they are generated, without blocking the event loop.
-        Leaving the loop early cancels the request."""
+                      **options) -> AsyncIterator[Piece]:
+        """Yield what iterating a ``Request`` yields (``str`` pieces; ``(sample, piece)``
+        pairs with ``n > 1``) as it is generated, without blocking the event loop. Leaving
+        the loop early cancels the request."""
         loop = asyncio.get_running_loop()
         wakeup = asyncio.Event()
         request = self._submit(prompt, "Engine.astream", params, options)
-        request._handle.set_listener(lambda: loop.call_soon_threadsafe(wakeup.set))
+        single = request.n == 1
+        request.on_update(lambda: loop.call_soon_threadsafe(wakeup.set))
         try:
             while True:
                 await wakeup.wait()
                 wakeup.clear()
                 finished = request.done()  # before taking: no piece can follow a finish
-                for piece in request._handle.take_pieces():
-                    yield piece
+                for piece in request.take_pieces():
+                    yield piece[1] if single else piece
                 if finished:
                     return
         finally:
@@ -163,8 +223,21 @@ class Engine:
 
     # -- state ----------------------------------------------------------------------------
 
+    @property
+    def n_parallel(self) -> int:
+        """Slots: samples decoded together."""
+        return self._engine.n_parallel
+
+    @property
+    def n_ctx_per_seq(self) -> int:
+        """Positions one prompt plus its generation may use (as ``Context.n_ctx_per_seq``)."""
+        return self._engine.n_ctx_per_seq
+
+    # -- state ----------------------------------------------------------------------------
+
     def stats(self) -> _core.EngineStats:
-        """Active and queued requests, totals, and generated tokens per busy second."""
+        """Active and queued requests, totals, and generated tokens per busy second; counted
+        in samples (a request of ``n`` samples counts ``n``, each with its own outcome)."""
         return self._engine.stats()
 
     def kv_seq_pos_max(self) -> List[int]:
@@ -195,9 +268,6 @@ def _request_params(call: str, params: Optional[SamplingParams], options: dict) 
     if params is not None and not isinstance(params, SamplingParams):
         raise TypeError(f"params must be a fastpar.SamplingParams, got {type(params).__name__}")
     (sp,) = _params_list(call, params, options, 1)
-    if sp.n != 1:
-        raise ValueError(f"{call}(): n={sp.n}, but a request is one sample (one stream, one result); "
-                         "submit n requests with seeds seed + j, or use generate_parallel")
     return sp._params
 
 

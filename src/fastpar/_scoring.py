@@ -13,7 +13,8 @@ from collections.abc import Sequence
 from typing import Callable, List, NamedTuple, Optional, Tuple, Union
 
 from . import _core
-from ._api import Context, _text
+from ._context import Context
+from ._prompts import _text
 
 __all__ = ["Loglikelihood", "Perplexity", "RollingLoglikelihood", "loglikelihood", "loglikelihood_rolling",
            "perplexity"]
@@ -81,14 +82,12 @@ def _check_ctx(ctx: object) -> Context:
 
 
 def _tokenize(ctx: Context, text: str, add_special: bool = True, parse_special: bool = True) -> List[int]:
-    return ctx.model._model.tokenize(text, parse_special, add_special)
+    return ctx.model.tokenize(text, add_special=add_special, parse_special=parse_special)
 
 
 def prefix_token(ctx: Context) -> int:
-    """The token an empty context stands for: BOS, or EOS for a vocabulary without one
-    (lm-evaluation-harness's ``prefix_token_id``)."""
-    bos = ctx.model._model.token_bos
-    return bos if bos >= 0 else ctx.model._model.token_eos
+    """The token an empty context stands for (``Model.prefix_token``)."""
+    return ctx.model.prefix_token
 
 
 def encode_pair(ctx: Context, context: str, continuation: str) -> Tuple[List[int], List[int]]:

@@ -19,8 +19,8 @@ import lm_eval.models  # noqa: F401
 from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 
-from . import _core, _scoring
-from ._api import Context, Model, SamplingParams
+import fastpar
+from fastpar import Context, Model, SamplingParams
 
 __all__ = ["FastparLM"]
 
@@ -71,23 +71,20 @@ class FastparLM(TemplateLM):
             self.ctx = model
         else:
             if model is None:
-                from ._models import default_model_path
-
-                model = default_model_path()
+                model = fastpar.default_model_path()
             m = Model(model, n_gpu_layers=_number(n_gpu_layers, int))
             self.ctx = Context(m, n_parallel=_number(n_parallel, int), n_ctx_per_seq=_number(n_ctx_per_seq, int),
                                n_threads=_number(n_threads, int), share_prefixes=_number(share_prefixes, bool))
-        self._model = self.ctx.model
 
     # -- tokenization (TemplateLM) ------------------------------------------------------
 
     @property
     def eot_token_id(self) -> int:
-        return self._model._model.token_eos
+        return self.ctx.model.token_eos
 
     @property
     def prefix_token_id(self) -> int:
-        return _scoring.prefix_token(self.ctx)
+        return self.ctx.model.prefix_token
 
     @property
     def max_length(self) -> int:
@@ -95,21 +92,21 @@ class FastparLM(TemplateLM):
 
     @property
     def tokenizer_name(self) -> str:
-        return os.path.basename(self._model.path)
+        return os.path.basename(self.ctx.model.path)
 
     def tok_encode(self, string: str, add_special_tokens: Optional[bool] = None, **kwargs: Any) -> List[int]:
         add = True if add_special_tokens is None else bool(add_special_tokens)
-        return self._model._model.tokenize(string, True, add)
+        return self.ctx.model.tokenize(string, add_special=add)
 
     def apply_chat_template(self, chat_history: List[Dict[str, str]], add_generation_prompt: bool = True) -> str:
-        return self._model.apply_chat_template(chat_history)
+        return self.ctx.model.apply_chat_template(chat_history)
 
     # -- requests -------------------------------------------------------------------------
 
     def _loglikelihood_tokens(self, requests: List[Tuple[Tuple[str, str], List[int], List[int]]],
                               disable_tqdm: bool = False, **kwargs: Any) -> List[Tuple[float, bool]]:
         pairs = [(context_enc, continuation_enc) for _, context_enc, continuation_enc in requests]
-        scores = _scoring._loglikelihood_tokens(self.ctx, pairs, progress=not disable_tqdm)
+        scores = fastpar.loglikelihood(self.ctx, pairs, progress=not disable_tqdm)
         out = []
         for (key, _, _), s in zip(requests, scores):
             if s.error is not None:
@@ -122,7 +119,7 @@ class FastparLM(TemplateLM):
 
     def loglikelihood_rolling(self, requests: List[Any], disable_tqdm: bool = False) -> List[float]:
         texts = [req.args[0] for req in requests]
-        scores = _scoring.loglikelihood_rolling(self.ctx, texts, progress=not disable_tqdm)
+        scores = fastpar.loglikelihood_rolling(self.ctx, texts, progress=not disable_tqdm)
         out = []
         for text, s in zip(texts, scores):
             if s.error is not None:
@@ -133,7 +130,7 @@ class FastparLM(TemplateLM):
 
     def generate_until(self, requests: List[Any], disable_tqdm: bool = False) -> List[str]:
         prompts: List[List[int]] = []
-        params: List[_core.GenerateParams] = []
+        params: List[SamplingParams] = []
         for req in requests:
             context, gen_kwargs = req.args
             kw = dict(gen_kwargs or {})
@@ -150,14 +147,15 @@ class FastparLM(TemplateLM):
             tokens = self.tok_encode(context)
             keep = max(1, self.ctx.n_ctx_per_seq - max_gen)
             prompts.append(tokens[-keep:])
-            params.append(sp._params)
+            params.append(sp)
         bar = None
         if not disable_tqdm:
             from tqdm.auto import tqdm
 
             bar = tqdm(total=len(prompts), unit="request", desc="fastpar generate_until")
         try:
-            completions = self.ctx._ctx.generate(prompts, params, (lambda i, c: bar.update(1)) if bar else None)
+            completions = fastpar.generate_parallel(self.ctx, prompts, params,
+                                                    on_completion=(lambda i, c: bar.update(1)) if bar else None)
         finally:
             if bar is not None:
                 bar.close()

@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import inspect
-import random
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 try:
@@ -29,7 +28,7 @@ except ImportError as _e:  # pragma: no cover - exercised only without the extra
                       f"(importing ray failed: {_e})") from _e
 
 import fastpar
-from fastpar._api import _CONTEXT_DEFAULTS, SamplingParams
+from fastpar import SamplingParams
 
 __all__ = ["ERROR_COLUMN", "FastparPredictor", "FastparProcessor", "FastparProcessorConfig", "build_processor"]
 
@@ -38,6 +37,8 @@ __all__ = ["ERROR_COLUMN", "FastparPredictor", "FastparProcessor", "FastparProce
 ERROR_COLUMN = "__inference_error__"
 
 _SAMPLING_FIELDS = tuple(f.name for f in dataclasses.fields(SamplingParams))
+# The engine's own defaults, from its signature: the config's are the same.
+_ENGINE_DEFAULTS = inspect.signature(fastpar.Engine).parameters
 _INT_FIELDS = ("max_tokens", "top_k", "repeat_last_n", "seed", "top_logprobs", "n")
 
 
@@ -59,8 +60,8 @@ class FastparProcessorConfig:
     """
 
     model_source: str
-    n_parallel: int = _CONTEXT_DEFAULTS.n_parallel
-    n_ctx_per_seq: int = _CONTEXT_DEFAULTS.n_ctx_per_seq
+    n_parallel: int = _ENGINE_DEFAULTS["n_parallel"].default
+    n_ctx_per_seq: int = _ENGINE_DEFAULTS["n_ctx_per_seq"].default
     n_gpu_layers: int = 0
     num_cpus: float = 1
     num_gpus: float = 0
@@ -175,8 +176,9 @@ class FastparPredictor:
 
     # -- one row -------------------------------------------------------------------------
 
-    def _row_request(self, row: Mapping[str, Any]) -> Tuple[Any, List[SamplingParams]]:
-        """The row's prompt and one SamplingParams per sample; raises _RowError."""
+    def _row_request(self, row: Mapping[str, Any]) -> Tuple[Any, SamplingParams]:
+        """The row's prompt and its SamplingParams (``n`` samples, sample j seeded seed + j
+        by the engine, as generate_parallel seeds them); raises _RowError."""
         messages, prompt = row.get("messages"), row.get("prompt")
         if messages is not None:
             if not self.config.apply_chat_template:
@@ -206,13 +208,9 @@ class FastparPredictor:
         if sp.n > 1 and self.config.n == 1:
             raise _RowError(f"the row asks n={sp.n} samples, but the processor's output columns are "
                             "single values; set sampling_params={'n': ...} in FastparProcessorConfig for list columns")
-        if sp.n == 1:
-            return prompt, [sp]
-        # sample j seeded seed + j, as generate_parallel seeds them (and so gives the same samples)
-        seed = sp.seed if sp.seed is not None else random.randrange(2**32 - sp.n)
-        return prompt, [dataclasses.replace(sp, n=1, seed=(seed + j) % 2**32) for j in range(sp.n)]
+        return prompt, sp
 
-    def _outputs(self, completions: Optional[List[Any]], params: Optional[List[SamplingParams]],
+    def _outputs(self, completions: Optional[List[fastpar.Completion]], params: Optional[SamplingParams],
                  error: str) -> Dict[str, Any]:
         """One row's output columns from its completions (one per sample), or its error."""
         listed = self.config.n > 1
@@ -239,10 +237,10 @@ class FastparPredictor:
                        num_generated_tokens=n_gen[0] if k else 0)
         out["num_input_tokens"] = n_in
         if completions is not None and params is not None:
-            if params[0].logprobs:
+            if params.logprobs:
                 lp = [list(c.logprobs) for c in completions]
                 out["logprobs"] = lp if listed else lp[0]
-            if params[0].top_logprobs:
+            if params.top_logprobs:
                 top = [[[{"token_id": t, "text": s, "logprob": p} for (t, s, p) in pos] for pos in c.top_logprobs]
                        for c in completions]
                 out["top_logprobs"] = top if listed else top[0]
@@ -304,7 +302,7 @@ class FastparPredictor:
             return pandas.DataFrame(columns)
         return columns
 
-    def _prepare(self, rows: List[Dict[str, Any]]) -> List[Tuple[Any, Optional[List[SamplingParams]], str]]:
+    def _prepare(self, rows: List[Dict[str, Any]]) -> List[Tuple[Any, Optional[SamplingParams], str]]:
         prepared = []
         for row in rows:
             try:
@@ -318,15 +316,15 @@ class FastparPredictor:
         rows = self._rows(batch)
         pending = []
         for prompt, params, error in self._prepare(rows):
-            requests = None
+            request = None
             if not error:
                 try:
-                    requests = [self.engine.submit(prompt, p, block=True) for p in params]
+                    request = self.engine.submit(prompt, params, block=True)
                 except (TypeError, ValueError) as e:
                     error = f"{type(e).__name__}: {e}"
-            pending.append((requests, params, error))
-        outputs = [self._outputs(None if reqs is None else [r.result() for r in reqs], params, error)
-                   for reqs, params, error in pending]
+            pending.append((request, params, error))
+        outputs = [self._outputs(None if r is None else r.completions(), params, error)
+                   for r, params, error in pending]
         return self._finish(batch, rows, outputs)
 
     def __del__(self) -> None:
@@ -346,21 +344,23 @@ class _AsyncFastparPredictor(FastparPredictor):
         super().__init__(config)
         self._setup(preprocess, postprocess)
 
-    async def _one(self, prompt: Any, params: Optional[List[SamplingParams]], error: str) -> Dict[str, Any]:
+    async def _one(self, prompt: Any, params: Optional[SamplingParams], error: str) -> Dict[str, Any]:
         completions = None
         if not error:
             try:
-                completions = list(await asyncio.gather(*[self._agenerate(prompt, p) for p in params]))
+                completions = await self._agenerate(prompt, params)
             except (TypeError, ValueError) as e:
                 error = f"{type(e).__name__}: {e}"
         return self._outputs(completions, params, error)
 
-    async def _agenerate(self, prompt: Any, params: SamplingParams) -> Any:
+    async def _agenerate(self, prompt: Any, params: SamplingParams) -> List[fastpar.Completion]:
         while True:
             try:
-                return await self.engine.agenerate(prompt, params)
+                result = await self.engine.agenerate(prompt, params)
             except fastpar.QueueFull:  # more in flight than max_queued: wait for room
                 await asyncio.sleep(0.01)
+                continue
+            return result if isinstance(result, list) else [result]
 
     async def __call__(self, batch: Any) -> Any:  # type: ignore[override]
         rows = self._rows(batch)

@@ -4,7 +4,6 @@
 #include <string>
 
 #include "core/base/errors.hpp"
-#include "core/structured/structured.hpp"
 
 namespace fastpar {
 namespace {
@@ -117,9 +116,6 @@ void validate(const GenerateParams & p) {
     }
     if (!p.json_schema.empty() && !p.grammar.empty()) {
         bad("json_schema and grammar are two ways to constrain the output: give one of them");
-    }
-    if (!p.json_schema.empty()) {
-        validate_json_schema(p.json_schema);  // a GBNF grammar is compiled per prompt, where it may fail alone
     }
 }
 

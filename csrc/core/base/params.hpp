@@ -182,6 +182,8 @@ struct Stats {
 // Throws InvalidArgument naming the first option out of range.
 void validate(const ModelParams & params);
 void validate(const ContextParams & params);
+// The ranges only: a JSON schema is checked by check_params (core/loop/requests.hpp),
+// which every door that takes GenerateParams calls.
 void validate(const GenerateParams & params);
 
 }  // namespace fastpar

@@ -14,6 +14,7 @@
 #include "core/base/errors.hpp"
 #include "core/base/log.hpp"
 #include "core/sampling/sampling.hpp"
+#include "core/loop/requests.hpp"
 #include "core/loop/scheduler.hpp"
 
 namespace fastpar {
@@ -259,24 +260,16 @@ std::vector<Completion> Context::generate(const std::vector<Prompt> & prompts,
         throw InvalidArgument("params must hold one entry for every prompt (" + std::to_string(prompts.size()) +
                               ") or one for all, got " + std::to_string(params.size()));
     }
+    std::vector<AdmittedParams> admitted;
     for (const auto & p : params) {
-        validate(p);
+        admitted.push_back(admit_params(p));
     }
     for (const auto & p : prompts) {
-        if (p.is_chat && !model_->has_chat_template()) {
-            throw InvalidArgument("model '" + model_->path() +
-                                  "' has no chat template; pass prompts as plain strings");
-        }
+        check_prompt(*model_, p);
     }
     const auto t0 = Clock::now();
     Stats stats;
     stats.n_prompts = static_cast<int64_t>(prompts.size());
-    std::vector<std::shared_ptr<const GenerateParams>> shared_params;
-    std::vector<uint32_t> seeds;
-    for (const auto & p : params) {
-        shared_params.push_back(std::make_shared<const GenerateParams>(p));
-        seeds.push_back(resolve_seed(p));
-    }
     const auto entry = [&](size_t i) { return params.size() == 1 ? 0 : i; };
     size_t n_results = 0;
     for (size_t i = 0; i < prompts.size(); ++i) {
@@ -296,15 +289,7 @@ std::vector<Completion> Context::generate(const std::vector<Prompt> & prompts,
         with_scheduler(stats, policy_, [&](Scheduler & scheduler) {
             size_t k = 0;  // index into results
             for (size_t i = 0; i < prompts.size(); ++i) {
-                const size_t e = entry(i);
-                const int32_t n = shared_params[e]->n;
-                for (int32_t j = 0; j < n; ++j, ++k) {
-                    Request request;
-                    request.prompt = prompts[i];
-                    request.params = shared_params[e];
-                    request.seed = seeds[e] + static_cast<uint32_t>(j);  // wraps modulo 2^32
-                    request.group = n > 1 ? static_cast<uint64_t>(i) + 1 : 0;
-                    request.t_submit = t0;
+                for (Request & request : fan_out(prompts[i], admitted[entry(i)], static_cast<uint64_t>(i) + 1, t0)) {
                     request.on_done = [&results, &on_completion, k](Completion && c) {
                         results[k] = std::move(c);
                         if (on_completion) {
@@ -312,6 +297,7 @@ std::vector<Completion> Context::generate(const std::vector<Prompt> & prompts,
                         }
                     };
                     scheduler.enqueue(std::move(request));
+                    ++k;
                 }
             }
             while (!scheduler.idle()) {

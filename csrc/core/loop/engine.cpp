@@ -2,6 +2,8 @@
 
 #include <future>
 
+#include "core/loop/requests.hpp"
+
 namespace fastpar {
 namespace {
 
@@ -21,33 +23,57 @@ bool wait_for(std::condition_variable & cv, Lock & lock, double timeout_s, Pred 
 
 bool RequestHandle::done() const {
     std::lock_guard<std::mutex> lock(mutex_);
-    return done_;
+    return n_finished_ == finished_.size();
 }
 
-Completion RequestHandle::result(double timeout_s) const {
+void RequestHandle::check_sample(int32_t sample) const {
+    if (sample < 0 || sample >= n_samples()) {
+        throw InvalidArgument("sample " + std::to_string(sample) + " of request " + std::to_string(id_) +
+                              ", which has " + std::to_string(n_samples()) + " (0 to n - 1)");
+    }
+}
+
+bool RequestHandle::done(int32_t sample) const {
+    check_sample(sample);
+    std::lock_guard<std::mutex> lock(mutex_);
+    return finished_[static_cast<size_t>(sample)] != 0;
+}
+
+std::vector<Completion> RequestHandle::result(double timeout_s) const {
     std::unique_lock<std::mutex> lock(mutex_);
-    if (!wait_for(cv_, lock, timeout_s, [this] { return done_; })) {
+    if (!wait_for(cv_, lock, timeout_s, [this] { return n_finished_ == finished_.size(); })) {
         throw Timeout("request " + std::to_string(id_) + " did not finish within " + std::to_string(timeout_s) + " s");
     }
-    return completion_;
+    return completions_;
 }
 
-std::optional<std::string> RequestHandle::next_piece(double timeout_s) {
+Completion RequestHandle::result(int32_t sample, double timeout_s) const {
+    check_sample(sample);
+    const auto j = static_cast<size_t>(sample);
     std::unique_lock<std::mutex> lock(mutex_);
-    if (!wait_for(cv_, lock, timeout_s, [this] { return done_ || !pieces_.empty(); })) {
+    if (!wait_for(cv_, lock, timeout_s, [this, j] { return finished_[j] != 0; })) {
+        throw Timeout("sample " + std::to_string(sample) + " of request " + std::to_string(id_) +
+                      " did not finish within " + std::to_string(timeout_s) + " s");
+    }
+    return completions_[j];
+}
+
+std::optional<Piece> RequestHandle::next_piece(double timeout_s) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (!wait_for(cv_, lock, timeout_s, [this] { return n_finished_ == finished_.size() || !pieces_.empty(); })) {
         throw Timeout("no text from request " + std::to_string(id_) + " within " + std::to_string(timeout_s) + " s");
     }
     if (pieces_.empty()) {
         return std::nullopt;
     }
-    std::string piece = std::move(pieces_.front());
+    Piece piece = std::move(pieces_.front());
     pieces_.pop_front();
     return piece;
 }
 
-std::vector<std::string> RequestHandle::take_pieces() {
+std::vector<Piece> RequestHandle::take_pieces() {
     std::lock_guard<std::mutex> lock(mutex_);
-    std::vector<std::string> out(std::make_move_iterator(pieces_.begin()), std::make_move_iterator(pieces_.end()));
+    std::vector<Piece> out(std::make_move_iterator(pieces_.begin()), std::make_move_iterator(pieces_.end()));
     pieces_.clear();
     return out;
 }
@@ -58,7 +84,7 @@ void RequestHandle::set_listener(std::function<void()> listener) {
     {
         std::lock_guard<std::mutex> lock(mutex_);
         listener_.swap(shared);  // the previous one is destroyed below, outside the lock
-        already_done = done_;
+        already_done = n_finished_ == finished_.size();
     }
     shared.reset();
     if (already_done) {
@@ -66,20 +92,24 @@ void RequestHandle::set_listener(std::function<void()> listener) {
     }
 }
 
-void RequestHandle::push_piece(const std::string & piece) {
+void RequestHandle::push_piece(int32_t sample, const std::string & piece) {
     {
         std::lock_guard<std::mutex> lock(mutex_);
-        pieces_.push_back(piece);
+        pieces_.emplace_back(sample, piece);
     }
     cv_.notify_all();
     notify();
 }
 
-void RequestHandle::complete(Completion && c) {
+void RequestHandle::complete(int32_t sample, Completion && c) {
     {
         std::lock_guard<std::mutex> lock(mutex_);
-        completion_ = std::move(c);
-        done_ = true;
+        const auto j = static_cast<size_t>(sample);
+        completions_[j] = std::move(c);
+        if (!finished_[j]) {
+            finished_[j] = 1;
+            ++n_finished_;
+        }
     }
     cv_.notify_all();
     notify();
@@ -118,25 +148,25 @@ bool Engine::closed() const {
     return closing_;
 }
 
-bool Engine::has_room() const {
+bool Engine::has_room(int32_t n) const {
     // Requests about to take a free slot are not queued: the queue is full only when the
     // unfinished requests fill every slot and max_queued places besides.
-    return n_unfinished_ < static_cast<int64_t>(ctx_->params().n_parallel) + max_queued_;
+    return n_unfinished_ + n <= static_cast<int64_t>(ctx_->params().n_parallel) + max_queued_;
 }
 
 std::shared_ptr<RequestHandle> Engine::submit(Prompt prompt, const GenerateParams & params, double timeout_s) {
-    validate(params);
-    if (params.n != 1) {
-        // A request streams one text and completes with one result.
-        throw InvalidArgument("n=" + std::to_string(params.n) +
-                              ": an engine request is one sample; submit n requests with seeds seed + j instead");
-    }
-    if (prompt.is_chat && !ctx_->model()->has_chat_template()) {
-        throw InvalidArgument("model '" + ctx_->model()->path() + "' has no chat template; pass prompts as plain strings");
+    const AdmittedParams admitted = admit_params(params);
+    check_prompt(*ctx_->model(), prompt);
+    const int32_t n = params.n;
+    const int64_t capacity = static_cast<int64_t>(ctx_->params().n_parallel) + max_queued_;
+    if (n > capacity) {
+        // The samples are queued together: more than the engine holds would never fit.
+        throw InvalidArgument("n=" + std::to_string(n) + " samples, but the engine holds at most " +
+                              std::to_string(capacity) + " requests (n_parallel + max_queued)");
     }
     std::unique_lock<std::mutex> lock(mutex_);
     if (timeout_s != 0) {
-        wait_for(room_, lock, timeout_s, [this] { return closing_ || has_room(); });
+        wait_for(room_, lock, timeout_s, [this, n] { return closing_ || has_room(n); });
     }
     if (!failure_.empty()) {
         throw EngineClosed("the engine stopped after a failure: " + failure_ +
@@ -145,35 +175,37 @@ std::shared_ptr<RequestHandle> Engine::submit(Prompt prompt, const GenerateParam
     if (closing_) {
         throw EngineClosed("the engine is closed; create a new one to submit more requests");
     }
-    if (!has_room()) {
+    if (!has_room(n)) {
         throw QueueFull("the engine's queue is full: " + std::to_string(n_waiting_) +
                         " requests wait for a slot (max_queued=" + std::to_string(max_queued_) + ")" +
                         (timeout_s != 0 ? " and none freed up in time" : "") +
                         "; retry later, submit with block=True, or raise max_queued");
     }
-    auto handle = std::make_shared<RequestHandle>(next_id_++);
-    Request request;
-    request.prompt = std::move(prompt);
-    request.params = std::make_shared<const GenerateParams>(params);
-    request.seed = resolve_seed(params);
-    request.cancel = handle->cancel_;
-    request.on_text = [handle](const std::string & piece) { handle->push_piece(piece); };
-    // Counted exactly, on the worker, as the request moves: waiting -> in a slot -> done.
-    auto started = std::make_shared<bool>(false);
-    request.on_start = [this, started] {
-        std::lock_guard<std::mutex> guard(mutex_);
-        *started = true;
-        --n_waiting_;
-    };
-    request.on_done = [this, handle, started](Completion && c) {
-        account(c, *started, handle->cancel_->load());
-        handle->complete(std::move(c));
-    };
-    request.t_submit = Clock::now();
-    incoming_.push_back(std::move(request));
-    ++n_unfinished_;
-    ++n_waiting_;
-    ++totals_.n_submitted;
+    const uint64_t id = next_id_++;
+    auto handle = std::make_shared<RequestHandle>(id, n);
+    // The request's id is its samples' group: unique among the requests the scheduler holds.
+    std::vector<Request> samples = fan_out(std::move(prompt), admitted, id, Clock::now());
+    for (size_t j = 0; j < samples.size(); ++j) {
+        Request & request = samples[j];
+        const auto sample = static_cast<int32_t>(j);
+        request.cancel = handle->cancel_;
+        request.on_text = [handle, sample](const std::string & piece) { handle->push_piece(sample, piece); };
+        // Counted exactly, on the worker, as the sample moves: waiting -> in a slot -> done.
+        auto started = std::make_shared<bool>(false);
+        request.on_start = [this, started] {
+            std::lock_guard<std::mutex> guard(mutex_);
+            *started = true;
+            --n_waiting_;
+        };
+        request.on_done = [this, handle, started, sample](Completion && c) {
+            account(c, *started, handle->cancel_->load());
+            handle->complete(sample, std::move(c));
+        };
+        incoming_.push_back(std::move(request));
+    }
+    n_unfinished_ += n;
+    n_waiting_ += n;
+    totals_.n_submitted += n;
     cv_.notify_all();
     return handle;
 }

@@ -13,6 +13,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "core/loop/context.hpp"
@@ -37,6 +38,8 @@ struct QueueFull : Error {
     using Error::Error;
 };
 
+// Counted in samples: a request of n samples (GenerateParams::n) counts n, each ending
+// with its own finish reason.
 struct EngineStats {
     int64_t n_active = 0;      // requests in a slot now
     int64_t n_queued = 0;      // requests waiting for a slot
@@ -54,37 +57,53 @@ struct EngineStats {
     double gen_tokens_per_s() const { return busy_s > 0 ? static_cast<double>(n_gen_tokens) / busy_s : 0.0; }
 };
 
+// A piece of streamed text and the index of the sample that generated it.
+using Piece = std::pair<int32_t, std::string>;
+
+// One submitted prompt and its samples (GenerateParams::n, sample j seeded seed + j): they
+// are queued, cancelled and waited for together; each streams and finishes on its own.
 class RequestHandle {
 public:
-    explicit RequestHandle(uint64_t id) : id_(id) {}
+    RequestHandle(uint64_t id, int32_t n_samples)
+        : id_(id), finished_(static_cast<size_t>(n_samples), 0), completions_(static_cast<size_t>(n_samples)) {}
     uint64_t id() const { return id_; }
-    // Asks the engine to end this request with "cancelled" (no effect once finished).
+    int32_t n_samples() const { return static_cast<int32_t>(completions_.size()); }
+    // Asks the engine to end every sample with "cancelled" (no effect on finished ones).
     void cancel() { cancel_->store(true); }
+    // Whether every sample has finished.
     bool done() const;
-    // Waits for the completion; timeout_s < 0 waits for ever. Throws Timeout.
-    Completion result(double timeout_s) const;
-    // The next piece of streamed text, waiting up to timeout_s (< 0: for ever); nullopt
-    // once the request has finished and every piece was taken. Throws Timeout.
-    std::optional<std::string> next_piece(double timeout_s);
+    // Whether sample `sample` (0 .. n_samples - 1) has finished.
+    bool done(int32_t sample) const;
+    // Waits for every sample's completion, in sample order; timeout_s < 0 waits for ever.
+    // Throws Timeout.
+    std::vector<Completion> result(double timeout_s) const;
+    // Waits for one sample's completion. Throws Timeout.
+    Completion result(int32_t sample, double timeout_s) const;
+    // The next piece of streamed text of any sample, in the order they were generated,
+    // waiting up to timeout_s (< 0: for ever); nullopt once every sample has finished and
+    // every piece was taken. No piece of a sample follows its finish. Throws Timeout.
+    std::optional<Piece> next_piece(double timeout_s);
     // Every piece available now, without waiting.
-    std::vector<std::string> take_pieces();
-    // Called on the engine's thread after each new piece and once at the end (also at
-    // once if the request already finished). Exceptions from it are swallowed.
+    std::vector<Piece> take_pieces();
+    // Called on the engine's thread after each new piece and once as each sample finishes
+    // (also at once if the request already finished). Exceptions from it are swallowed.
     void set_listener(std::function<void()> listener);
 
 private:
     friend class Engine;
-    void push_piece(const std::string & piece);
-    void complete(Completion && c);
+    void check_sample(int32_t sample) const;
+    void push_piece(int32_t sample, const std::string & piece);
+    void complete(int32_t sample, Completion && c);
     void notify();
 
     const uint64_t id_;
     std::shared_ptr<std::atomic<bool>> cancel_ = std::make_shared<std::atomic<bool>>(false);
     mutable std::mutex mutex_;
     mutable std::condition_variable cv_;
-    std::deque<std::string> pieces_;
-    bool done_ = false;
-    Completion completion_;
+    std::deque<Piece> pieces_;
+    std::vector<char> finished_;  // [sample]
+    size_t n_finished_ = 0;
+    std::vector<Completion> completions_;  // [sample]
     // Shared, so that notify() copies a pointer under mutex_, never the function itself:
     // copying or destroying a function that wraps a Python callable takes the GIL, and a
     // thread holding the GIL may be waiting for mutex_ (done(), take_pieces()).
@@ -100,9 +119,11 @@ public:
     Engine(const Engine &) = delete;
     Engine & operator=(const Engine &) = delete;
 
-    // Callable from any thread. Throws InvalidArgument (bad params), EngineClosed, QueueFull.
-    // When there is no room, waits up to timeout_s seconds for some (< 0: for ever; 0:
-    // not at all) before QueueFull.
+    // Callable from any thread. Queues params.n samples of `prompt` at once, admitted as
+    // Context::generate admits them (requests.hpp): one handle holds them all. Throws
+    // InvalidArgument (bad params; n above n_parallel + max_queued), EngineClosed, QueueFull.
+    // When there is no room for all n, waits up to timeout_s seconds for it (< 0: for ever;
+    // 0: not at all) before QueueFull.
     std::shared_ptr<RequestHandle> submit(Prompt prompt, const GenerateParams & params, double timeout_s = 0);
     // Runs `task` on the worker between steps. A task that throws stops the engine as a
     // failing step does: every request it holds ends with "error" and the exception's
@@ -121,7 +142,7 @@ private:
     void run();
     void loop(Scheduler & scheduler);
     void fail(const std::string & what);
-    bool has_room() const;  // under mutex_
+    bool has_room(int32_t n) const;  // room for n more requests; under mutex_
     void account(Completion & c, bool started, bool cancelled);
 
     std::unique_ptr<Context> ctx_;
@@ -134,6 +155,7 @@ private:
     bool closing_ = false;
     // Set when the worker stopped on an exception: its message (never empty then).
     std::string failure_;
+    // Counted in samples (scheduler requests): a request of n samples counts n.
     int64_t n_unfinished_ = 0;  // submitted, not yet finished
     int64_t n_waiting_ = 0;     // submitted, not yet in a slot
     uint64_t next_id_ = 1;

@@ -4,12 +4,11 @@ dependencies: ``fastpar serve`` and ``fastpar run`` share it)."""
 from __future__ import annotations
 
 import dataclasses
-import random
 from collections.abc import Mapping
 from typing import Any, Dict, List, Optional, Tuple
 
-from . import _core
-from ._api import SamplingParams
+import fastpar
+from fastpar import Completion, SamplingParams
 
 #: Most samples (``n``) one request may ask for, and most prompts in one completions call.
 MAX_N = 128
@@ -149,12 +148,12 @@ def _sampling(body: Mapping, chat: bool, n_ctx_per_seq: int) -> Tuple[Dict[str, 
     n = _integer(body, "n", 1, MAX_N, 1)
     if chat:
         want = _get(body, "logprobs", (bool,), "a boolean", False)
-        k = _integer(body, "top_logprobs", 0, _core.MAX_TOP_LOGPROBS, 0)
+        k = _integer(body, "top_logprobs", 0, fastpar.MAX_TOP_LOGPROBS, 0)
         if k and not want:
             raise _bad("top_logprobs", "'top_logprobs' needs 'logprobs': true")
         n_top = k if want else -1
     else:
-        k = _integer(body, "logprobs", 0, _core.MAX_TOP_LOGPROBS, None)
+        k = _integer(body, "logprobs", 0, fastpar.MAX_TOP_LOGPROBS, None)
         n_top = -1 if k is None else k
     if n_top >= 0:
         opts["logprobs"] = True
@@ -186,12 +185,12 @@ def _param_of(message: str, default: str) -> str:
     return default
 
 
-def usage(prompt_tokens: int, completions: List[_core.Completion]) -> Dict[str, int]:
+def usage(prompt_tokens: int, completions: List[Completion]) -> Dict[str, int]:
     gen = sum(c.n_gen_tokens for c in completions)
     return {"prompt_tokens": prompt_tokens, "completion_tokens": gen, "total_tokens": prompt_tokens + gen}
 
 
-def prompt_tokens(completions: List[Optional[_core.Completion]], n_prompts: int, n: int) -> int:
+def prompt_tokens(completions: List[Optional[Completion]], n_prompts: int, n: int) -> int:
     """Prompt tokens counted once per prompt (its samples share it), as OpenAI counts them."""
     total = 0
     for i in range(n_prompts):
@@ -203,29 +202,29 @@ def prompt_tokens(completions: List[Optional[_core.Completion]], n_prompts: int,
     return total
 
 
-def _token_text(model_core: Any, token: int, cache: Dict[int, bytes]) -> bytes:
+def _token_text(vocab: fastpar.Model, token: int, cache: Dict[int, bytes]) -> bytes:
     b = cache.get(token)
     if b is None:
-        b = cache[token] = model_core.token_bytes(token)
+        b = cache[token] = vocab.token_bytes(token)
     return b
 
 
-def _chat_logprobs(model_core: Any, c: _core.Completion, n_top: int, cache: Dict[int, bytes]) -> Dict[str, Any]:
+def _chat_logprobs(vocab: fastpar.Model, c: Completion, n_top: int, cache: Dict[int, bytes]) -> Dict[str, Any]:
     content = []
     tops = c.top_logprobs
     for k, (token, lp) in enumerate(zip(c.token_ids, c.logprobs)):
-        b = _token_text(model_core, token, cache)
+        b = _token_text(vocab, token, cache)
         entry = {"token": b.decode("utf-8", "replace"), "logprob": lp, "bytes": list(b), "top_logprobs": []}
         if n_top > 0 and k < len(tops):
             for t_id, _text, t_lp in tops[k]:
-                tb = _token_text(model_core, t_id, cache)
+                tb = _token_text(vocab, t_id, cache)
                 entry["top_logprobs"].append({"token": tb.decode("utf-8", "replace"), "logprob": t_lp,
                                               "bytes": list(tb)})
         content.append(entry)
     return {"content": content, "refusal": None}
 
 
-def _completion_logprobs(model_core: Any, c: _core.Completion, n_top: int, cache: Dict[int, bytes],
+def _completion_logprobs(vocab: fastpar.Model, c: Completion, n_top: int, cache: Dict[int, bytes],
                          echo: bool = False) -> Dict[str, Any]:
     """OpenAI's legacy `logprobs` object; with `echo` the prompt's tokens come first (the
     first with null log-probability and alternatives, as nothing predicts it)."""
@@ -233,23 +232,23 @@ def _completion_logprobs(model_core: Any, c: _core.Completion, n_top: int, cache
     pos = 0
     if echo:
         for k, token in enumerate(c.prompt_token_ids):
-            text = _token_text(model_core, token, cache).decode("utf-8", "replace")
+            text = _token_text(vocab, token, cache).decode("utf-8", "replace")
             tokens.append(text)
             offsets.append(pos)
             pos += len(text)
             lp = c.prompt_logprobs[k]
             values.append(lp)
             alts = c.prompt_top_logprobs[k] if k < len(c.prompt_top_logprobs) else []
-            tops.append(None if lp is None else {_token_text(model_core, t, cache).decode("utf-8", "replace"): v
+            tops.append(None if lp is None else {_token_text(vocab, t, cache).decode("utf-8", "replace"): v
                                                  for t, _text, v in alts})
     values += list(c.logprobs)
     for k, token in enumerate(c.token_ids):
-        text = _token_text(model_core, token, cache).decode("utf-8", "replace")
+        text = _token_text(vocab, token, cache).decode("utf-8", "replace")
         tokens.append(text)
         offsets.append(pos)
         pos += len(text)
         if n_top > 0 and k < len(c.top_logprobs):
-            tops.append({_token_text(model_core, t, cache).decode("utf-8", "replace"): lp
+            tops.append({_token_text(vocab, t, cache).decode("utf-8", "replace"): lp
                          for t, _text, lp in c.top_logprobs[k]})
         else:
             tops.append(None)
@@ -277,19 +276,10 @@ class Parsed:
     def param(self) -> str:
         return "messages" if self.chat else "prompt"
 
-    def sampling_params(self) -> List[SamplingParams]:
-        """One SamplingParams per sample: sample j is seeded seed + j, as generate_parallel's n."""
-        seed = self.opts.get("seed")
-        if seed is None and self.n > 1:
-            seed = random.getrandbits(32)
+    def sampling_params(self) -> SamplingParams:
+        """The request's SamplingParams, ``n`` included: sample j is seeded seed + j."""
         try:
-            out = []
-            for j in range(self.n):
-                o = dict(self.opts)
-                if seed is not None:
-                    o["seed"] = (seed + j) % (1 << 32)
-                out.append(SamplingParams(**o))
-            return out
+            return SamplingParams(n=self.n, **self.opts)
         except (TypeError, ValueError) as e:
             raise _bad(_param_of(str(e), self.param), str(e)) from None
 
@@ -317,7 +307,7 @@ def parse(body: Any, chat: bool, n_ctx_per_seq: int) -> Parsed:
     return Parsed(chat, prompts, opts, n, n_top, stream, include_usage, echo, model)
 
 
-def prompt_failure(c: _core.Completion, param: str) -> Optional[APIError]:
+def prompt_failure(c: Completion, param: str) -> Optional[APIError]:
     """A prompt that could not be served (too long, empty, ...) is the request's 400."""
     if c.finish_reason == "error" and c.n_gen_tokens == 0:
         code = "context_length_exceeded" if "n_ctx_per_seq" in (c.error or "") else None
@@ -325,7 +315,7 @@ def prompt_failure(c: _core.Completion, param: str) -> Optional[APIError]:
     return None
 
 
-def failure(c: _core.Completion, param: str) -> Optional[APIError]:
+def failure(c: Completion, param: str) -> Optional[APIError]:
     """Why a finished completion is no answer (None if it is one)."""
     if c.finish_reason in FINISH:
         return None
@@ -335,8 +325,8 @@ def failure(c: _core.Completion, param: str) -> Optional[APIError]:
     return prompt_failure(c, param) or APIError(500, f"generation failed: {c.error}", "server_error")
 
 
-def response_body(req: Parsed, rid: str, created: int, model: str, completions: List[_core.Completion],
-                  model_core: Any) -> Dict[str, Any]:
+def response_body(req: Parsed, rid: str, created: int, model: str, completions: List[Completion],
+                  vocab: fastpar.Model) -> Dict[str, Any]:
     """The chat.completion or text_completion object of finished, successful completions
     (prompt after prompt, each prompt's n samples in order)."""
     cache: Dict[int, bytes] = {}
@@ -344,12 +334,12 @@ def response_body(req: Parsed, rid: str, created: int, model: str, completions: 
     for k, c in enumerate(completions):
         if req.chat:
             choices.append({"index": k, "message": {"role": "assistant", "content": c.text, "refusal": None},
-                            "logprobs": _chat_logprobs(model_core, c, req.n_top, cache) if req.n_top >= 0 else None,
+                            "logprobs": _chat_logprobs(vocab, c, req.n_top, cache) if req.n_top >= 0 else None,
                             "finish_reason": FINISH[c.finish_reason]})
         else:
             prefix = req.prompts[k // req.n] if req.echo else ""
             choices.append({"index": k, "text": prefix + c.text,
-                            "logprobs": (_completion_logprobs(model_core, c, req.n_top, cache, req.echo)
+                            "logprobs": (_completion_logprobs(vocab, c, req.n_top, cache, req.echo)
                                          if req.n_top >= 0 else None),
                             "finish_reason": FINISH[c.finish_reason]})
     return {"id": rid, "object": "chat.completion" if req.chat else "text_completion", "created": created,
@@ -357,8 +347,8 @@ def response_body(req: Parsed, rid: str, created: int, model: str, completions: 
             "usage": usage(prompt_tokens(completions, len(req.prompts), req.n), completions)}
 
 
-def chunk_logprobs(req: Parsed, c: _core.Completion, model_core: Any, cache: Dict[int, bytes]) -> Any:
+def chunk_logprobs(req: Parsed, c: Completion, vocab: fastpar.Model, cache: Dict[int, bytes]) -> Any:
     if req.n_top < 0:
         return None
-    return (_chat_logprobs(model_core, c, req.n_top, cache) if req.chat
-            else _completion_logprobs(model_core, c, req.n_top, cache, req.echo))
+    return (_chat_logprobs(vocab, c, req.n_top, cache) if req.chat
+            else _completion_logprobs(vocab, c, req.n_top, cache, req.echo))

@@ -1,8 +1,9 @@
-"""An OpenAI-compatible HTTP server over one ``fastpar.Engine`` (``fastpar serve``).
+"""The OpenAI-compatible HTTP application over one ``fastpar.Engine`` (``fastpar serve``).
 
 ``create_app(engine)`` returns the ASGI application (Starlette); ``serve(...)`` runs it
-with uvicorn. Every request becomes one Engine request per sample, so the HTTP layer
-adds no batching of its own: the engine's continuous batching serves all connections.
+with uvicorn. Every prompt of a request becomes one Engine request holding its ``n``
+samples, so the HTTP layer adds no batching of its own: the engine's continuous batching
+serves all connections, and a prompt's samples decode it once.
 The event loop never waits on generation: the engine's worker thread wakes it
 (``call_soon_threadsafe``) when a request has new text or has finished.
 
@@ -31,10 +32,11 @@ import secrets
 import time
 from typing import Any, Callable, Dict, List, Optional, Union
 
-from . import _core
-from ._engine import Engine, Request
-from ._openai import RETRY_AFTER_S, APIError, Parsed, chunk_logprobs, failure, parse, prompt_failure, prompt_tokens
-from ._openai import response_body, usage
+import fastpar
+from fastpar import Completion, Engine, Request
+
+from .protocol import RETRY_AFTER_S, APIError, Parsed, chunk_logprobs, failure, parse, prompt_failure, prompt_tokens
+from .protocol import response_body, usage
 
 __all__ = ["create_app", "serve"]
 
@@ -145,27 +147,39 @@ def _queue_full() -> APIError:
 
 
 class _Job:
-    """The engine requests (one per prompt and sample, prompt after prompt) of one HTTP request."""
+    """The engine requests of one HTTP request: one per prompt, holding its n samples.
+    Choice k of the response is sample k % n of prompt k // n."""
 
     def __init__(self, engine: Engine, req: Parsed) -> None:
         self.wakeup = _Wakeup(asyncio.get_running_loop())
         self.requests: List[Request] = []
+        self.n = req.n
         params = req.sampling_params()
         try:
             for prompt in req.prompts:
-                for sp in params:
-                    r = engine.submit(prompt, sp)
-                    self.requests.append(r)
-                    r._handle.set_listener(self.wakeup.notify)
-        except _core.QueueFull:
+                r = engine.submit(prompt, params)
+                self.requests.append(r)
+                r.on_update(self.wakeup.notify)
+        except fastpar.QueueFull:
             self.cancel()
             raise _queue_full() from None
-        except _core.EngineClosed as e:
+        except fastpar.EngineClosed as e:
             self.cancel()
             raise APIError(503, f"the server is shutting down: {e}", "server_error", code="engine_closed") from None
         except (TypeError, ValueError) as e:
             self.cancel()
             raise APIError(400, str(e), param=req.param) from None
+
+    @property
+    def n_choices(self) -> int:
+        return len(self.requests) * self.n
+
+    def choice_done(self, k: int) -> bool:
+        return self.requests[k // self.n].sample_done(k % self.n)
+
+    def choice_result(self, k: int) -> Completion:
+        """Choice k's completion, once it is done."""
+        return self.requests[k // self.n].sample_result(k % self.n, 0)
 
     def cancel(self) -> None:
         for r in self.requests:
@@ -173,6 +187,10 @@ class _Job:
 
     def done(self) -> bool:
         return all(r.done() for r in self.requests)
+
+    def completions(self) -> List[Completion]:
+        """Every choice's completion, in order, once all are done."""
+        return [c for r in self.requests for c in r.completions(0)]
 
     async def wait(self, gone: "asyncio.Future[None]") -> bool:
         """Waits for news from the engine (or the client leaving); False once it has left."""
@@ -239,7 +257,7 @@ def create_app(engine: Union[Engine, Callable[[], Engine]], *, model_name: Optio
                 # Cancels what still runs; the worker thread ends within a step.
                 await asyncio.get_running_loop().run_in_executor(None, state.engine.close)
 
-    def finished(name: str, t0: float, completions: List[_core.Completion], n_prompt: int, outcome: str) -> None:
+    def finished(name: str, t0: float, completions: List[Completion], n_prompt: int, outcome: str) -> None:
         metrics.requests.labels(name, outcome).inc()
         metrics.latency.observe(time.monotonic() - t0)
         metrics.prompt_tokens.inc(n_prompt)
@@ -261,10 +279,10 @@ def create_app(engine: Union[Engine, Callable[[], Engine]], *, model_name: Optio
                     body = json.loads(raw)
                 except ValueError as e:
                     raise APIError(400, f"the request body is not valid JSON: {e}") from None
-                req = parse(body, chat, engine._engine.n_ctx_per_seq)
+                req = parse(body, chat, engine.n_ctx_per_seq)
                 if max_queued is not None:
                     s = engine.stats()
-                    free = engine._engine.n_parallel - s.n_active
+                    free = engine.n_parallel - s.n_active
                     if s.n_queued + len(req.prompts) * req.n - max(free, 0) > max_queued:
                         raise _queue_full()
                 job = _Job(engine, req)
@@ -277,13 +295,13 @@ def create_app(engine: Union[Engine, Callable[[], Engine]], *, model_name: Optio
             try:
                 # Nothing is sent before the engine has answered once: a prompt that
                 # cannot be served (too long, empty) is a 400, not a stream that fails.
-                if not any(r.done() for r in job.requests) and not await job.wait(gone):
+                if not any(job.choice_done(k) for k in range(job.n_choices)) and not await job.wait(gone):
                     job.cancel()
                     gone.cancel()
                     metrics.requests.labels(name, "client_disconnect").inc()
                     return Response(status_code=499)
-                for r in job.requests:
-                    bad = prompt_failure(r.result(0), req.param) if r.done() else None
+                for k in range(job.n_choices):
+                    bad = prompt_failure(job.choice_result(k), req.param) if job.choice_done(k) else None
                     if bad is not None:
                         job.cancel()
                         gone.cancel()
@@ -316,7 +334,7 @@ def create_app(engine: Union[Engine, Callable[[], Engine]], *, model_name: Optio
             raise
         finally:
             gone.cancel()
-        completions = [r.result(0) for r in job.requests]
+        completions = job.completions()
         n_prompt = prompt_tokens(completions, len(req.prompts), req.n)
         for c in completions:
             err = failure(c, req.param)
@@ -324,14 +342,14 @@ def create_app(engine: Union[Engine, Callable[[], Engine]], *, model_name: Optio
                 finished(name, t0, completions, n_prompt, "error")
                 return _error(err)
         finished(name, t0, completions, n_prompt, "success")
-        return JSONResponse(response_body(req, rid, int(time.time()), model, completions, engine.model._model))
+        return JSONResponse(response_body(req, rid, int(time.time()), model, completions, engine.model))
 
     async def stream(name: str, req: Parsed, job: _Job, gone, rid: str, model: str, engine: Engine, t0: float):
         chat = req.chat
         obj = "chat.completion.chunk" if chat else "text_completion"
         created = int(time.time())
         extra = {"usage": None} if req.include_usage else {}
-        model_core = engine.model._model
+        vocab = engine.model
 
         def chunk(index: int, text: Optional[str], finish: Optional[str], logprobs: Any = None,
                   role: bool = False) -> bytes:
@@ -345,29 +363,32 @@ def create_app(engine: Union[Engine, Callable[[], Engine]], *, model_name: Optio
             return _sse({"id": rid, "object": obj, "created": created, "model": model, "system_fingerprint": None,
                          "choices": [choice], **extra})
 
-        requests = job.requests
-        pending = list(range(len(requests)))
+        n = job.n
+        pending = list(range(job.n_choices))
         cache: Dict[int, bytes] = {}
-        completions: List[Optional[_core.Completion]] = [None] * len(requests)
+        completions: List[Optional[Completion]] = [None] * job.n_choices
         outcome = "client_disconnect"
         try:
-            for k in range(len(requests)):
+            for k in range(job.n_choices):
                 if chat:
                     yield chunk(k, "", None, role=True)
                 elif req.echo:
-                    yield chunk(k, req.prompts[k // req.n], None)
+                    yield chunk(k, req.prompts[k // n], None)
             while pending:
+                # Before taking: no piece of a sample can follow its finish.
+                ended = {k for k in pending if job.choice_done(k)}
+                texts: Dict[int, List[str]] = {}
+                for i in sorted({k // n for k in pending}):
+                    for j, piece in job.requests[i].take_pieces():
+                        texts.setdefault(i * n + j, []).append(piece)
                 still = []
                 for k in pending:
-                    r = requests[k]
-                    done = r.done()  # before taking: no piece can follow a finish
-                    pieces = r._handle.take_pieces()
-                    if pieces:
-                        yield chunk(k, "".join(pieces), None)
-                    if not done:
+                    if k in texts:
+                        yield chunk(k, "".join(texts[k]), None)
+                    if k not in ended:
                         still.append(k)
                         continue
-                    c = completions[k] = r.result(0)
+                    c = completions[k] = job.choice_result(k)
                     err = failure(c, req.param)
                     if err is not None:
                         # After the stream began, an error is an "error" event (OpenAI's
@@ -376,7 +397,7 @@ def create_app(engine: Union[Engine, Callable[[], Engine]], *, model_name: Optio
                         job.cancel()
                         yield _sse(err.body())
                         return
-                    yield chunk(k, None if chat else "", c.finish_reason, chunk_logprobs(req, c, model_core, cache))
+                    yield chunk(k, None if chat else "", c.finish_reason, chunk_logprobs(req, c, vocab, cache))
                 pending = still
                 if pending and not await job.wait(gone):
                     return
@@ -416,7 +437,7 @@ def create_app(engine: Union[Engine, Callable[[], Engine]], *, model_name: Optio
             return JSONResponse({"status": "closed"}, status_code=503)
         s = state.engine.stats()
         return JSONResponse({"status": "ok", "model": state.model_name, "slots_busy": s.n_active,
-                             "slots_total": state.engine._engine.n_parallel, "queue_depth": s.n_queued})
+                             "slots_total": state.engine.n_parallel, "queue_depth": s.n_queued})
 
     async def metrics_endpoint(request: HTTPRequest) -> Response:
         return Response(prometheus_client.generate_latest(metrics.registry),
@@ -446,8 +467,6 @@ def serve(model: Optional[str] = None, *, host: str = "127.0.0.1", port: int = 8
     import signal
 
     import uvicorn
-
-    import fastpar
 
     class Server(uvicorn.Server):
         # uvicorn re-raises the signal it stopped on once it has shut down, so the process

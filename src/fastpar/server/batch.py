@@ -17,7 +17,9 @@ import secrets
 import time
 from typing import Any, Dict, Iterator, List, Optional, Set, TextIO, Tuple
 
-from ._openai import APIError, Parsed, failure, parse, response_body
+import fastpar
+
+from .protocol import APIError, Parsed, failure, parse, response_body
 
 URLS = {"/v1/chat/completions": True, "/v1/completions": False}
 #: Lines given to one generate_parallel call: enough to keep every slot busy, few enough
@@ -90,14 +92,12 @@ def _lines(path: str) -> Iterator[Tuple[int, str]]:
                 yield number, raw
 
 
-def run_batch(ctx: Any, input_path: str, output_path: str, *, limit: Optional[int] = None,
+def run_batch(ctx: fastpar.Context, input_path: str, output_path: str, *, limit: Optional[int] = None,
               progress: bool = True, model_name: str = "fastpar") -> Dict[str, int]:
     """Answers every line of ``input_path`` not yet in ``output_path`` (appending to it);
     ``limit``: at most that many lines this time. Returns counts: answered (status 200),
     failed (an error, a status other than 200), skipped (already in the output)."""
     from tqdm.auto import tqdm
-
-    from ._api import generate_parallel
 
     done = _read_done(output_path)
     counts = {"answered": 0, "failed": 0, "skipped": 0}
@@ -114,7 +114,6 @@ def run_batch(ctx: Any, input_path: str, output_path: str, *, limit: Optional[in
             break
         todo.append(line)
 
-    model_core = ctx.model._model
     with open(output_path, "a", encoding="utf-8") as out, \
             tqdm(total=len(todo), unit="line", desc="fastpar run", disable=not progress) as bar:
         def write(line: _Line, status: Optional[int], body: Optional[Dict[str, Any]], error: Optional[str]) -> None:
@@ -132,50 +131,49 @@ def run_batch(ctx: Any, input_path: str, output_path: str, *, limit: Optional[in
         for start in range(0, len(todo), CHUNK_LINES):
             chunk = todo[start:start + CHUNK_LINES]
             prompts: List[Any] = []
-            params: List[Any] = []
+            params: List[fastpar.SamplingParams] = []
             owner: List[int] = []  # prompt -> index in chunk
             for i, line in enumerate(chunk):
                 if line.req is None:
                     write(line, None, None, line.error)
                     continue
                 try:
-                    sps = line.req.sampling_params()
+                    sp = line.req.sampling_params()
                 except APIError as e:
                     write(line, None, None, e.message)
                     continue
                 for p in line.req.prompts:
-                    for sp in sps:
-                        prompts.append(p)
-                        params.append(sp)
-                        owner.append(i)
+                    prompts.append(p)
+                    params.append(sp)
+                    owner.append(i)
             if not prompts:
                 continue
             first: Dict[int, int] = {}
             for k, i in enumerate(owner):
                 first.setdefault(i, k)
-            results: List[Any] = [None] * len(prompts)
+            results: List[Any] = [None] * len(prompts)  # each prompt's samples
             left: Dict[int, int] = {}
             for i in owner:
                 left[i] = left.get(i, 0) + 1
 
-            def on_completion(k: int, c: Any) -> None:
-                results[k] = c
+            def on_completion(k: int, result: Any) -> None:
+                # A Completion, or a prompt's list of samples when some line asks for n > 1.
+                results[k] = result if isinstance(result, list) else [result]
                 i = owner[k]
                 left[i] -= 1
                 if left[i]:
                     return
                 line = chunk[i]
-                completions = results[first[i]:first[i] + len(line.req.prompts) * line.req.n]
+                completions = [c for r in results[first[i]:first[i] + len(line.req.prompts)] for c in r]
                 err = next((e for e in (failure(c, line.req.param) for c in completions) if e is not None), None)
                 if err is not None:
                     write(line, err.status, err.body(), None)
                 else:
                     rid = ("chatcmpl-" if line.req.chat else "cmpl-") + secrets.token_hex(12)
                     write(line, 200, response_body(line.req, rid, int(time.time()), line.req.model or model_name,
-                                                   completions, model_core), None)
+                                                   completions, ctx.model), None)
 
-            # Every prompt is one entry (n = 1): a line's samples were expanded above.
-            generate_parallel(ctx, prompts, params, on_completion=on_completion)
+            fastpar.generate_parallel(ctx, prompts, params, on_completion=on_completion)
     return counts
 
 

@@ -1,0 +1,239 @@
+"""Generation and context options: their checks, their defaults and ``SamplingParams``.
+
+Every default below is read from the C++ option structs (``_core.*Params()``), the one
+source of truth; nothing here retypes a default value.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import inspect
+import json
+import math
+import typing
+from collections.abc import Mapping, Sequence
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
+
+from . import _core
+from ._prompts import _text
+
+__all__ = ["SamplingParams"]
+
+_MODEL_DEFAULTS = _core.ModelParams()
+_CONTEXT_DEFAULTS = _core.ContextParams()
+_GENERATE_DEFAULTS = _core.GenerateParams()
+
+
+def _int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    return value
+
+
+def _float(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
+    value = float(value)
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value}")
+    return value
+
+
+def _bool(name: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+    return value
+
+
+def _context_params(n_parallel: object, n_ctx_per_seq: object, n_batch: object, n_threads: object,
+                    kv_unified: object, device_sampling: object = None,
+                    share_prefixes: object = _CONTEXT_DEFAULTS.share_prefixes,
+                    warmup: object = None) -> _core.ContextParams:
+    params = _core.ContextParams()
+    params.n_parallel = _int("n_parallel", n_parallel)
+    params.n_ctx_per_seq = _int("n_ctx_per_seq", n_ctx_per_seq)
+    params.n_batch = _CONTEXT_DEFAULTS.n_batch if n_batch is None else _int("n_batch", n_batch)
+    if n_batch is not None and params.n_batch < 1:
+        raise ValueError(f"n_batch must be positive (or None for the default), got {n_batch}")
+    if n_threads is not None and _int("n_threads", n_threads) < 1:
+        raise ValueError(f"n_threads must be positive (or None for one per CPU this process may use), got {n_threads}")
+    params.n_threads = _CONTEXT_DEFAULTS.n_threads if n_threads is None else n_threads
+    params.kv_unified = _bool("kv_unified", kv_unified)
+    params.device_sampling = -1 if device_sampling is None else int(_bool("device_sampling", device_sampling))
+    params.share_prefixes = _bool("share_prefixes", share_prefixes)
+    params.warmup = -1 if warmup is None else int(_bool("warmup", warmup))
+    return params
+
+
+
+def _f32(value: float) -> float:
+    """A float32 default as the number it was written as (0.8, not 0.800000011920929)."""
+    return float(f"{value:.7g}")
+
+
+def _default(name: str) -> Any:
+    """The core's default of the generation option ``name`` (``GenerateParams``)."""
+    value = getattr(_GENERATE_DEFAULTS, name)
+    return _f32(value) if isinstance(value, float) else value
+
+
+def _with_options(func: Callable) -> Callable:
+    """Shows the generation options in ``func``'s signature (help(), inspect) in place of
+    its ``**options``; the function itself still takes them as keywords."""
+    sig = inspect.signature(func)
+    params = [p for p in sig.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    options = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=kind)
+               for name, (default, kind) in _OPTIONS.items()]
+    func.__signature__ = sig.replace(parameters=params + options)
+    return func
+
+
+def _check_names(call: str, options: Dict[str, Any]) -> None:
+    unknown = [name for name in options if name not in _OPTIONS]
+    if unknown:
+        name = unknown[0]
+        close = difflib.get_close_matches(name, _OPTIONS, n=1)
+        hint = f"; did you mean '{close[0]}'?" if close else f"; the options are {', '.join(_OPTIONS)}"
+        raise TypeError(f"{call}() got an unexpected keyword argument '{name}'{hint}")
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    """Every generation option of one prompt, checked once, immutable (``dataclasses.replace``
+    makes a changed copy). Defaults come from the core's ``GenerateParams``.
+
+    ``max_tokens``, ``temperature`` (0 = greedy), ``top_k``, ``top_p``, ``min_p``,
+    ``repeat_penalty``, ``presence_penalty``, ``frequency_penalty``, ``repeat_last_n``,
+    ``seed`` (None = random), ``stop`` (a str or a sequence of str; kept as a tuple),
+    ``ignore_eos``, ``logprobs`` (each generated token's log-probability),
+    ``top_logprobs`` (0-20: the k most likely tokens at each generated position),
+    ``n`` (samples of the prompt: decoded once, sample j seeded ``seed + j``),
+    ``json_schema`` (a dict or a JSON string, kept as JSON text: every output validates
+    against it) and ``grammar`` (GBNF text every output matches); not both.
+    ``prompt_logprobs``: each prompt token's log-probability given the tokens before it, in
+    ``Completion.prompt_logprobs`` (None for the first token; ``prompt_token_ids`` and
+    ``prompt_greedy`` beside it; with ``top_logprobs`` also ``prompt_top_logprobs``).
+
+    Raises ``TypeError`` for a wrong type and ``ValueError`` for a value out of range, here.
+    """
+
+    max_tokens: int = _default("max_tokens")
+    temperature: float = _default("temperature")
+    top_k: int = _default("top_k")
+    top_p: float = _default("top_p")
+    min_p: float = _default("min_p")
+    repeat_penalty: float = _default("repeat_penalty")
+    presence_penalty: float = _default("presence_penalty")
+    frequency_penalty: float = _default("frequency_penalty")
+    repeat_last_n: int = _default("repeat_last_n")
+    seed: Optional[int] = None
+    stop: Union[None, str, Tuple[str, ...]] = None
+    ignore_eos: bool = _default("ignore_eos")
+    logprobs: bool = _default("logprobs")
+    top_logprobs: int = _default("top_logprobs")
+    n: int = _default("n")
+    json_schema: Optional[str] = None
+    grammar: Optional[str] = None
+    prompt_logprobs: bool = _default("prompt_logprobs")
+
+    def __post_init__(self) -> None:
+        stop = self.stop
+        if stop is not None and not isinstance(stop, str):
+            if not isinstance(stop, Sequence) or not all(isinstance(x, str) for x in stop):
+                raise TypeError("stop must be a str or a list of str")
+            object.__setattr__(self, "stop", tuple(stop))
+        schema = self.json_schema
+        if schema is not None:
+            if isinstance(schema, Mapping):
+                try:
+                    schema = json.dumps(schema)
+                except (TypeError, ValueError) as e:
+                    raise TypeError(f"json_schema is not JSON-serialisable: {e}") from None
+            elif isinstance(schema, str):
+                try:
+                    json.loads(schema)
+                except ValueError as e:
+                    raise ValueError(f"json_schema is not valid JSON: {e}") from None
+            else:
+                raise TypeError(f"json_schema must be a dict or a JSON str, got {type(schema).__name__}")
+            object.__setattr__(self, "json_schema", schema)
+        if self.grammar is not None:
+            if not isinstance(self.grammar, str):
+                raise TypeError(f"grammar must be a str of GBNF or None, got {type(self.grammar).__name__}")
+            if not self.grammar.strip():
+                raise ValueError("grammar is empty; pass None for no grammar")
+        if self.json_schema is not None and self.grammar is not None:
+            raise ValueError("json_schema and grammar were both given; a prompt takes one constraint")
+        object.__setattr__(self, "_params", _to_core(self))
+
+    @classmethod
+    def _from_options(cls, call: str, options: Dict[str, Any]) -> "SamplingParams":
+        _check_names(call, options)
+        return cls(**options)
+
+
+#: How each plain option is checked, by the type of the core's field; the options that are
+#: not a plain number or bool are converted by name in _to_core.
+_CHECKS = {bool: _bool, int: _int, float: _float}
+
+
+def _to_core(sp: SamplingParams) -> _core.GenerateParams:
+    params = _core.GenerateParams()
+    for field in dataclasses.fields(SamplingParams):  # in order: the first bad option is named
+        name, value = field.name, getattr(sp, field.name)
+        if name == "seed":
+            if value is not None:
+                seed = _int("seed", value)
+                if not 0 <= seed < 2**32:
+                    raise ValueError(f"seed must be in [0, 2**32) or None, got {seed}")
+                params.seed = seed
+        elif name == "stop":
+            if value is not None:
+                stops = [value] if isinstance(value, str) else value
+                params.stop = [_text(s, "stop") for s in stops]
+        elif name in ("json_schema", "grammar"):
+            if value is not None:
+                setattr(params, name, _text(value, name))
+        else:
+            setattr(params, name, _CHECKS[type(getattr(_GENERATE_DEFAULTS, name))](name, value))
+    params.validate()  # ranges, from the core: ValueError naming the option
+    return params
+
+
+#: The generation options every entry point takes as keywords: SamplingParams' fields, with
+#: their defaults and, for signatures and help(), the types a keyword accepts (stop and
+#: json_schema take more than the field keeps).
+_KEYWORD_TYPES = {"stop": Union[None, str, Sequence[str]], "json_schema": Union[None, str, Mapping[str, Any]]}
+_HINTS = typing.get_type_hints(SamplingParams)
+_OPTIONS = {field.name: (field.default, _KEYWORD_TYPES.get(field.name, _HINTS[field.name]))
+            for field in dataclasses.fields(SamplingParams)}
+
+
+def _generate_params(call: str, options: Dict[str, Any]) -> _core.GenerateParams:
+    """The generation options, checked, as the core's struct (shared by every entry point).
+    ``call`` names the public function in errors."""
+    return SamplingParams._from_options(call, options)._params
+
+
+def _params_list(call: str, params: object, options: Dict[str, Any], n_prompts: int) -> List[SamplingParams]:
+    """``params`` (one SamplingParams, one per prompt, or None) or the keyword options, as
+    a list of one entry for all prompts or one per prompt."""
+    if params is None:
+        return [SamplingParams._from_options(call, options)]
+    if options:
+        raise TypeError(f"{call}() takes params= or keyword options, not both (got params and "
+                        f"{', '.join(repr(k) for k in options)}); use dataclasses.replace(params, ...)")
+    if isinstance(params, SamplingParams):
+        return [params]
+    if isinstance(params, (str, bytes, Mapping)) or not isinstance(params, Sequence):
+        raise TypeError(f"params must be a fastpar.SamplingParams or a sequence of them, one per prompt, "
+                        f"got {type(params).__name__}")
+    out = list(params)
+    for i, p in enumerate(out):
+        if not isinstance(p, SamplingParams):
+            raise TypeError(f"params[{i}] must be a fastpar.SamplingParams, got {type(p).__name__}")
+    if len(out) != n_prompts:
+        raise ValueError(f"params holds {len(out)} SamplingParams for {n_prompts} prompts; "
+                         "pass one per prompt, or a single SamplingParams for all")
+    return out
