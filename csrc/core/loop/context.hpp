@@ -11,6 +11,7 @@
 
 #include "core/model/model.hpp"
 #include "core/base/params.hpp"
+#include "core/base/results.hpp"
 #include "core/threads/pool.hpp"
 #include "core/loop/scheduler.hpp"
 #include "core/loop/step_policy.hpp"

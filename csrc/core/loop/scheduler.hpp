@@ -15,6 +15,7 @@
 #include "core/sampling/logit_reducer.hpp"
 #include "core/model/model.hpp"
 #include "core/base/params.hpp"
+#include "core/base/results.hpp"
 #include "core/threads/pool.hpp"
 #include "core/loop/prefix_sharing.hpp"
 #include "core/sampling/sampling.hpp"

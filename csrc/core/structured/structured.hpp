@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/base/params.hpp"
+#include "core/base/results.hpp"
 #include "core/sampling/sampling.hpp"
 #include "llama.h"
 
