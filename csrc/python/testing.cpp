@@ -166,7 +166,7 @@ void register_token_chooser(py::module_ & m) {
         [](const GenerateParams & params, int32_t n_logits) {
             LogitRow row;
             row.n = n_logits;
-            return TokenChooser::work(params, row);
+            return TokenChooser::work(ChainShape::of(params), row);
         },
         py::arg("params"), py::arg("n_logits"), "Work units of choosing from a row of n_logits with these params.");
     m.def(
@@ -181,7 +181,7 @@ void register_token_chooser(py::module_ & m) {
                 row.blocks = &block;
                 row.width = n_logits;
             }
-            return splits(params, row);
+            return splits(ChainShape::of(params), row);
         },
         py::arg("params"), py::arg("n_logits"), py::arg("device_blocks") = false,
         "core/sampling/sampling.hpp's splits(): whether a row of n_logits may be split over threads.");
@@ -259,7 +259,9 @@ PYBIND11_MODULE(_testing, m) {
         py::arg("split_rows") = 0, py::arg("pool_workers") = 0,
         "Tokens fastpar's host sampling picks next to those llama.cpp's own chain picks "
         "(core/sampling/sampling.hpp, sample_against_llama).");
-    m.def("device_serves", &LogitReducer::serves, py::arg("params"),
+    m.def(
+        "device_serves", [](const GenerateParams & params) { return LogitReducer::serves(ChainShape::of(params)); },
+        py::arg("params"),
           "Whether device sampling may cut this request's rows down (LogitReducer::serves).");
     m.def(
         "measure_grammar",

@@ -39,6 +39,7 @@ struct Scheduler::Slot {
     llama_pos n_past = 0;      // positions of this sequence in the KV cache
     llama_token pending = -1;  // sampled token still to be fed
     SamplerPtr sampler;        // this request's chain (it always runs on the host)
+    ChainShape shape;          // and its shape, computed once with it
     GrammarPtr grammar;        // its json_schema or grammar constraint, or null
     bool on_device = false;    // its logits are cut down on the device (DeviceSampling)
     bool waiting = false;      // this step: leaves its prefix to a slot that decodes it first
@@ -321,11 +322,12 @@ void Scheduler::share_prefixes() {
 
 void Scheduler::choose_sampler(Slot & slot, const GenerateParams & params, uint32_t seed) {
     slot.sampler = make_sampler(params, seed, model_.n_vocab());
+    slot.shape = ChainShape::of(params);
     slot.on_device = false;
     if (device_ == nullptr) {
         return;
     }
-    const bool reduce = LogitReducer::serves(params);
+    const bool reduce = LogitReducer::serves(slot.shape);
     char & attached = device_->attached[static_cast<size_t>(slot.seq)];
     if (reduce != static_cast<bool>(attached)) {
         // Only when the kind of request changes: llama.cpp re-reserves its graph after it.
@@ -594,7 +596,7 @@ void Scheduler::sample(const std::vector<Slot *> & slots) {
                 throw Error("llama.cpp returned no logits for a sequence that asked for them");
             }
         }
-        work += TokenChooser::work(*s.request.params, rows[i]);
+        work += TokenChooser::work(s.shape, rows[i]);
     }
     // Each chain and row is its own, so sequences sample in parallel and pick exactly the
     // tokens they would pick one after another.
@@ -603,13 +605,13 @@ void Scheduler::sample(const std::vector<Slot *> & slots) {
         const GenerateParams & params = *slots[i]->request.params;
         if (slots[i]->grammar) {
             try {
-                tokens[i] = sample_constrained(slots[i]->sampler.get(), *slots[i]->grammar, params, rows[i], cur, ways[i]);
+                tokens[i] = sample_constrained(slots[i]->sampler.get(), *slots[i]->grammar, slots[i]->shape, rows[i], cur, ways[i]);
             } catch (const GrammarDeadEnd & e) {
                 failed[i] = e.what();
                 return;
             }
         } else {
-            tokens[i] = sample_logits(slots[i]->sampler.get(), params, rows[i], cur);
+            tokens[i] = sample_logits(slots[i]->sampler.get(), slots[i]->shape, rows[i], cur);
         }
         if (params.logprobs) {  // never a device row (LogitReducer::serves)
             logprobs[i] = token_logprob(rows[i].logits, n_vocab, tokens[i]);
@@ -618,7 +620,7 @@ void Scheduler::sample(const std::vector<Slot *> & slots) {
             top_logprobs(rows[i].logits, n_vocab, params.top_logprobs, tops[i]);
         }
     };
-    chooser_.choose(rows, work, [&](size_t i) -> const GenerateParams & { return *slots[i]->request.params; }, pick);
+    chooser_.choose(rows, work, [&](size_t i) -> const ChainShape & { return slots[i]->shape; }, pick);
     stats_.t_sample_ms += ms_since(t0);
     for (size_t i = 0; i < slots.size(); ++i) {
         count(stats_, ways[i]);

@@ -51,12 +51,10 @@ bool reducer_backend_init(llama_sampler *, ggml_backend_buffer_type_t, uint32_t)
 
 int32_t LogitReducer::block_for(int32_t n_vocab) { return block_width(n_vocab, kTopBlocks); }
 
-bool LogitReducer::serves(const GenerateParams & p) {
+bool LogitReducer::serves(const ChainShape & shape) {
     // A grammar's mask may allow none of the candidates: constrained rows come whole.
-    if (has_penalties(p) || p.logprobs || p.prompt_logprobs || p.top_logprobs > 0 || !p.json_schema.empty() || !p.grammar.empty()) {
-        return false;
-    }
-    return p.temperature <= 0.0f || (p.top_k > 0 && p.top_k <= kTopBlocks);
+    const int32_t k = shape.keeps_best();
+    return !shape.whole_rows && k > 0 && k <= kTopBlocks;
 }
 
 LogitReducer::LogitReducer(int32_t n_vocab, int32_t n_seq)

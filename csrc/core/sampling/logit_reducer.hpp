@@ -50,11 +50,11 @@ public:
     // The block width for a vocabulary: the largest power of two up to 128 that divides
     // n_vocab into more than kTopBlocks blocks; 0 when there is none (no reduction).
     static int32_t block_for(int32_t n_vocab);
-    // Whether the chain make_sampler builds for `params` can start from the candidates:
-    // greedy or top-k (1..kTopBlocks), no penalties (they change logits outside the
-    // candidates), no logprobs or top_logprobs (they need the whole row), and no json_schema
-    // or grammar (the tokens the grammar allows may all lie outside the candidates).
-    static bool serves(const GenerateParams & params);
+    // Whether a chain of shape `shape` can start from the candidates: it keeps only the
+    // best 1..kTopBlocks of a row (greedy or top-k, no penalties: they change logits
+    // outside the candidates), and its request does not need whole rows (no logprobs,
+    // top_logprobs, json_schema or grammar: ChainShape::whole_rows).
+    static bool serves(const ChainShape & shape);
 
     // n_vocab must have a block (block_for > 0); n_seq is the number of slots.
     LogitReducer(int32_t n_vocab, int32_t n_seq);
