@@ -36,7 +36,7 @@ def resolve_step_policy(
     n_threads: int,
 ) -> StepPolicy: ...
 
-class SlotState:
+class PlanInput:
     active: bool
     prefilling: bool
     waiting: bool
@@ -44,13 +44,13 @@ class SlotState:
     def __init__(self, active: bool = False, prefilling: bool = False, waiting: bool = False, left: int = 0) -> None: ...
 
 def plan_step(
-    slots: Sequence[SlotState], policy: StepPolicy, n_batch: int, rotation: int = 0, decode_waits: int = 0
+    slots: Sequence[PlanInput], policy: StepPolicy, n_batch: int, rotation: int = 0, decode_waits: int = 0
 ) -> Dict[str, Union[List[int], List[bool], int, bool]]: ...
 def generate_with_policy(
     ctx: Context, prompts: Sequence[str], params: Sequence[GenerateParams], policy: StepPolicy
 ) -> List[Completion]: ...
 
-class SharingSlot:
+class SharingView:
     active: bool
     n_fed: int
     prompt_size: int
@@ -66,7 +66,7 @@ class PrefixSharing:
     def __init__(self, n_slots: int, min_shared: int = ...) -> None: ...
     def pair_up(self, a: int, prompt_a: List[int], b: int, prompt_b: List[int]) -> None: ...
     def common(self, a: int, b: int) -> int: ...
-    def decide(self, slots: Sequence[SharingSlot]) -> List[SharingSlot]: ...
+    def decide(self, slots: Sequence[SharingView]) -> List[SharingView]: ...
 
 class TextStream:
     def __init__(self, streaming: bool = True) -> None: ...

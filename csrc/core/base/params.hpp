@@ -36,10 +36,10 @@ struct ContextParams {
     bool kv_unified = false;       // one KV buffer for all slots (helps shared prefixes, slower otherwise)
     // 1 = cut every row of logits down to its best candidates inside llama.cpp's graph, on
     // the device that runs the output layer, and finish each chain on the host from those
-    // (logit_reducer.hpp); 0 = copy whole rows back and sample on the host, many sequences
+    // (device_sampling.hpp); 0 = copy whole rows back and sample on the host, many sequences
     // at once; -1 = auto: 1 with the output layer on a GPU and at least
     // kAutoDeviceSamplingSlots slots, else 0. Requests whose chain needs whole rows
-    // (LogitReducer::serves) get them either way.
+    // (DeviceSampling::serves) get them either way.
     int32_t device_sampling = -1;
     // Prompts that start with the same tokens (at least kMinSharedPrefix of them) decode
     // that prefix once: the other slots copy it from the first one's KV cache.

@@ -74,7 +74,7 @@ Scheduler::Scheduler(const Model & model, llama_context * ctx, llama_batch & bat
       sharing_(options.policy.share_prefixes || options.policy.share_samples ? static_cast<size_t>(options.n_parallel)
                                                                               : 0) {
     const auto n_parallel = static_cast<size_t>(options.n_parallel);
-    if (device_ != nullptr && device_->attached.size() < n_parallel) {
+    if (device_ != nullptr && static_cast<size_t>(device_->n_seq()) < n_parallel) {
         throw Error("device sampling was set up for fewer slots than the scheduler has");
     }
     slots_.reserve(n_parallel);
@@ -82,10 +82,10 @@ Scheduler::Scheduler(const Model & model, llama_context * ctx, llama_batch & bat
         slots_.push_back(std::make_unique<Slot>());
         slots_.back()->seq = i;
     }
-    plan_slots_.resize(n_parallel);
+    plan_inputs_.resize(n_parallel);
     plan_.slots.reserve(n_parallel);
     if (policy_.share_prefixes || policy_.share_samples) {
-        sharing_slots_.resize(n_parallel);
+        sharing_views_.resize(n_parallel);
     }
 }
 
@@ -293,17 +293,17 @@ void Scheduler::share_prefixes() {
     }
     for (size_t i = 0; i < slots_.size(); ++i) {
         const Slot & s = *slots_[i];
-        SharingSlot & h = sharing_slots_[i];
+        SharingView & h = sharing_views_[i];
         h.active = s.active;
         h.n_fed = s.n_fed;
         h.prompt_size = s.prompt.size();
         // A scoring slot decodes every position whose logits score a token itself.
         h.max_copy = s.scored.empty() ? SIZE_MAX : s.score_from - 1;
     }
-    sharing_.decide(sharing_slots_);
+    sharing_.decide(sharing_views_);
     for (size_t i = 0; i < slots_.size(); ++i) {
         Slot & s = *slots_[i];
-        const SharingSlot & h = sharing_slots_[i];
+        const SharingView & h = sharing_views_[i];
         s.waiting = h.waiting;
         if (!h.copied) {
             continue;
@@ -327,15 +327,7 @@ void Scheduler::choose_sampler(Slot & slot, const GenerateParams & params, uint3
     if (device_ == nullptr) {
         return;
     }
-    const bool reduce = LogitReducer::serves(slot.shape);
-    char & attached = device_->attached[static_cast<size_t>(slot.seq)];
-    if (reduce != static_cast<bool>(attached)) {
-        // Only when the kind of request changes: llama.cpp re-reserves its graph after it.
-        if (llama_set_sampler(ctx_, slot.seq, reduce ? device_->reducer->new_chain(slot.seq) : nullptr) || !reduce) {
-            attached = reduce ? 1 : 0;
-        }
-    }
-    slot.on_device = reduce && attached;
+    slot.on_device = device_->attach(ctx_, slot.seq, DeviceSampling::serves(slot.shape));
 }
 
 // Which slots add which tokens is plan_step's (step_plan.hpp); this builds its input from
@@ -362,13 +354,13 @@ void Scheduler::step() {
     }
     for (size_t i = 0; i < slots_.size(); ++i) {
         const Slot & s = *slots_[i];
-        SlotState & p = plan_slots_[i];
+        PlanInput & p = plan_inputs_[i];
         p.active = s.active;
         p.prefilling = s.prefilling();
         p.waiting = s.waiting;
         p.left = s.prompt.size() - s.n_fed;
     }
-    plan_step(plan_slots_, policy_, n_batch_, prefill_rotation_, decode_waits_, plan_);
+    plan_step(plan_inputs_, policy_, n_batch_, prefill_rotation_, decode_waits_, plan_);
     decode_waits_ = plan_.decode_waits;
     prefill_rotation_ = (prefill_rotation_ + 1) % slots_.size();
     std::vector<Slot *> group;
@@ -423,7 +415,7 @@ void Scheduler::decode_group(std::vector<Slot *> group) {
     if (device_ != nullptr) {
         const bool all_on_device = std::all_of(group.begin(), group.end(),
                                                [](const Slot * s) { return (s->i_logits < 0 && s->n_score == 0) || s->on_device; });
-        device_->reducer->expect(batch_, all_on_device);
+        device_->expect(batch_, all_on_device);
     }
     if (threads_ != nullptr) {
         const int32_t n = threads_->threads();
@@ -587,10 +579,10 @@ void Scheduler::sample(const std::vector<Slot *> & slots) {
     int64_t work = 0;  // TokenChooser's units
     for (size_t i = 0; i < slots.size(); ++i) {
         Slot & s = *slots[i];
-        if (s.on_device && device_->reducer->row(ctx_, s.seq, s.i_logits, rows[i])) {
+        if (s.on_device && device_->row(ctx_, s.seq, s.i_logits, rows[i])) {
             ++stats_.n_device_sampled;
         } else {
-            // Host sampling, or a reducer llama.cpp did not run (it then copies whole rows).
+            // Host sampling, or device sampling llama.cpp did not run (it then copies whole rows).
             rows[i] = LogitRow{llama_get_logits_ith(ctx_, s.i_logits), n_vocab};
             if (rows[i].logits == nullptr) {
                 throw Error("llama.cpp returned no logits for a sequence that asked for them");
@@ -613,7 +605,7 @@ void Scheduler::sample(const std::vector<Slot *> & slots) {
         } else {
             tokens[i] = sample_logits(slots[i]->sampler.get(), slots[i]->shape, rows[i], cur);
         }
-        if (params.logprobs) {  // never a device row (LogitReducer::serves)
+        if (params.logprobs) {  // never a device row (DeviceSampling::serves)
             logprobs[i] = token_logprob(rows[i].logits, n_vocab, tokens[i]);
         }
         if (params.top_logprobs > 0) {  // never a device row either
@@ -679,7 +671,7 @@ void Scheduler::emit_text(Slot & s) {
 
 void Scheduler::finish(Slot & s, FinishReason reason, const std::string & error) {
     llama_memory_seq_rm(mem_, s.seq, -1, -1);
-    s.sampler.reset();  // an attached reducer chain stays, for the slot's next request
+    s.sampler.reset();  // an attached device-sampling chain stays, for the slot's next request
     s.grammar.reset();
     s.on_device = false;
     s.active = false;

@@ -24,7 +24,7 @@ using SamplerPtr = std::unique_ptr<llama_sampler, SamplerDeleter>;
 SamplerPtr make_sampler(const GenerateParams & params, uint32_t seed, int32_t n_vocab);
 
 // A row of logits to sample from: the whole vocabulary (`blocks` null: logits[t] is token
-// t's), or the blocks device sampling kept (logit_reducer.hpp): n / width blocks, block b
+// t's), or the blocks device sampling kept (device_sampling.hpp): n / width blocks, block b
 // holding the logits of tokens blocks[b] * width .. blocks[b] * width + width - 1.
 struct LogitRow {
     const float * logits = nullptr;
@@ -44,7 +44,7 @@ struct LogitRow {
 // penalties is an argmax of the row, and a chain that starts with top-k (no penalties)
 // gets only the k best candidates, found in one pass; ties go to the lower token id, as
 // in llama.cpp's samplers. A row of device-sampling blocks takes only those two kinds of
-// chain (LogitReducer::serves) and gives the token the whole row would. Safe to call for
+// chain (DeviceSampling::serves) and gives the token the whole row would. Safe to call for
 // different chains on different threads at once. With `accept` false the chain is not
 // told its choice (structured output checks it against a grammar first).
 llama_token sample_logits(llama_sampler * chain, const ChainShape & shape, const LogitRow & row,

@@ -985,7 +985,7 @@ llama_token sample_constrained(llama_sampler * chain, RowGrammar & rg, const Cha
     way_out = ConstrainedWay::None;  // until a token is accepted
     ConstrainedWay way = ConstrainedWay::None;
     if (row.blocks != nullptr) {
-        throw Error("a constrained request needs the whole row of logits");  // LogitReducer::serves
+        throw Error("a constrained request needs the whole row of logits");  // DeviceSampling::serves
     }
     llama_grammar & grammar = *rg.g;
     thread_local std::string key;
