@@ -77,6 +77,8 @@ struct SchedulerOptions {
     GrammarCache * grammars = nullptr;
 };
 
+struct Slot;  // slot.hpp
+
 class Scheduler {
 public:
     // `batch` must hold at least options.n_batch tokens; every choice that differs between
@@ -100,15 +102,13 @@ public:
     static void complete_unstarted(Request & request, FinishReason reason, const std::string & error);
 
 private:
-    struct Slot;
-
     void reap_cancelled();
     void choose_sampler(Slot & slot, const GenerateParams & params, uint32_t seed);
-    void admit();
+    void admit();  // admit.hpp has its parts
+    void pair_for_sharing(Slot & slot);
     void share_prefixes();
     void emit_text(Slot & slot);
     void decode_group(std::vector<Slot *> group);
-    void score(const std::vector<Slot *> & group);
     bool retire_scored();
     void sample(const std::vector<Slot *> & slots);
     void accept_token(Slot & slot, llama_token token, float logprob, std::vector<std::pair<llama_token, float>> & top);
