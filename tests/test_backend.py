@@ -78,7 +78,7 @@ def test_device_sampling_picks_what_host_sampling_picks(model, opts):
     assert [c.token_ids for c in a] == [c.token_ids for c in b]
     assert on_device.last_stats.n_device_sampled == on_device.last_stats.n_gen_tokens == 8 * 24
     assert on_host.last_stats.n_device_sampled == 0
-    # A second call reuses the attached reducers (and the slots are clean).
+    # A second call reuses the attached device-sampling chains (and the slots are clean).
     again = fastpar.generate_parallel(on_device, PROMPTS, max_tokens=24, ignore_eos=True, **opts)
     assert [c.token_ids for c in again] == [c.token_ids for c in a]
     assert_clean(on_device)
@@ -86,7 +86,7 @@ def test_device_sampling_picks_what_host_sampling_picks(model, opts):
 
 def test_device_sampling_reads_rows_from_grouped_and_split_passes(model):
     # When one forward pass holds every row a step asks for, the rows come back grouped
-    # (one copy for several rows, logit_reducer.hpp); when a step is split into several
+    # (one copy for several rows, device_sampling.hpp); when a step is split into several
     # passes (prompt chunks next to decoding slots, a small n_batch), some are not. Both
     # kinds, and steps that switch between them, must read each sequence's own row.
     prompts = [f"{p} {' and then'.join([''] * (i % 4))}".strip() for i, p in enumerate(PROMPTS * 5)]
@@ -101,7 +101,7 @@ def test_device_sampling_reads_rows_from_grouped_and_split_passes(model):
 
 def test_device_sampling_gives_whole_rows_to_chains_that_need_them(model):
     # Penalties, logprobs and top-k beyond the candidates need whole rows of logits: those
-    # requests detach the slot's reducer, and later requests attach it again, in one engine.
+    # requests detach the slot's device-sampling chain, and later requests attach it again, in one engine.
     kinds = [dict(temperature=0.0), dict(temperature=0.0, logprobs=True), dict(temperature=0.0, repeat_penalty=1.3),
              dict(temperature=0.7, top_k=0, top_p=0.9, min_p=0.0, seed=4), dict(temperature=0.7, top_k=200, seed=4),
              dict(temperature=0.7, top_k=20, seed=4)]

@@ -17,7 +17,7 @@ def sharing(prompts, min_shared=MIN):
 
 
 def slots(prompts, n_fed):
-    return [T.SharingSlot(active=p is not None, n_fed=f, prompt_size=len(p or [])) for p, f in zip(prompts, n_fed)]
+    return [T.SharingView(active=p is not None, n_fed=f, prompt_size=len(p or [])) for p, f in zip(prompts, n_fed)]
 
 
 def test_common_prefix_is_recorded_both_ways():

@@ -3,7 +3,7 @@
 fastpar does not hand a whole row of logits to llama.cpp's sampler chain: greedy is an
 argmax over blocks, top-k collects the k best from the blocks whose maximum can hold them,
 and device sampling leaves only the best blocks, in no particular order
-(csrc/core/sampling/sampling.cpp, logit_reducer.hpp). `_testing.sample_against_llama` runs a chain
+(csrc/core/sampling/sampling.cpp, device_sampling.hpp). `_testing.sample_against_llama` runs a chain
 both ways from the same seed; random rows have no ties at the k-th place, where the two may
 differ by design (README, device_sampling)."""
 
@@ -14,7 +14,7 @@ import pytest
 from fastpar import _core, _testing
 
 TYPICAL = dict(temperature=0.8, top_k=40, top_p=0.95, min_p=0.0)
-WIDTH = 128  # device sampling's block width for these vocabularies (LogitReducer::block_for)
+WIDTH = 128  # device sampling's block width for these vocabularies (DeviceSampling::block_for)
 
 
 def _params(**kw):

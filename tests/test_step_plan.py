@@ -10,15 +10,15 @@ from fastpar import _testing as T
 
 
 def decoding():
-    return T.SlotState(active=True)
+    return T.PlanInput(active=True)
 
 
 def prompt(left, waiting=False):
-    return T.SlotState(active=True, prefilling=True, waiting=waiting, left=left)
+    return T.PlanInput(active=True, prefilling=True, waiting=waiting, left=left)
 
 
 def idle():
-    return T.SlotState()
+    return T.PlanInput()
 
 
 def gpu_policy(**overrides):

@@ -113,7 +113,7 @@ def test_bounded_number_stays_in_bounds(ctx):
 
 def test_constrained_rows_are_whole_on_the_device():
     """A constrained request never takes device sampling's cut-down rows (the grammar may
-    allow none of their candidates): LogitReducer::serves decides, and says no."""
+    allow none of their candidates): DeviceSampling::serves decides, and says no."""
     greedy = params(temperature=0.0)
     assert _testing.device_serves(greedy)
     assert not _testing.device_serves(params(temperature=0.0, json_schema='{"type":"string"}'))

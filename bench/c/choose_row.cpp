@@ -69,6 +69,7 @@ int main(int argc, char ** argv) {
     std::printf("n_vocab %d, %d tokens each, median us a token\n", n_vocab, iterations);
     for (const bool typical : {false, true}) {
         const GenerateParams p = chain_params(typical);
+        const fastpar::ChainShape shape = fastpar::ChainShape::of(p);
         fastpar::SamplerPtr chain = fastpar::make_sampler(p, 42, n_vocab);
         std::vector<llama_token_data> cur;
         for (const bool cold : {false, true}) {
@@ -78,7 +79,7 @@ int main(int argc, char ** argv) {
                     evict_caches(evict);
                 }
                 const double t0 = now_us();
-                const llama_token token = fastpar::sample_logits(chain.get(), p, fastpar::LogitRow{row.data(), n_vocab}, cur);
+                const llama_token token = fastpar::sample_logits(chain.get(), shape, fastpar::LogitRow{row.data(), n_vocab}, cur);
                 us.push_back(now_us() - t0);
                 if (token < 0 || token >= n_vocab) {
                     std::fprintf(stderr, "no token chosen\n");
@@ -113,6 +114,7 @@ int main(int argc, char ** argv) {
         std::vector<std::vector<float>> copies(n_rows, row);
         for (const bool typical : {false, true}) {
             const GenerateParams p = chain_params(typical);
+            const fastpar::ChainShape shape = fastpar::ChainShape::of(p);
             double results[2];
             std::vector<llama_token> chosen[2];
             for (const bool split : {false, true}) {
@@ -135,7 +137,7 @@ int main(int argc, char ** argv) {
                     std::vector<llama_token> tokens(n_rows);
                     const auto pick = [&](size_t r) {
                         thread_local std::vector<llama_token_data> cur;
-                        tokens[r] = fastpar::sample_logits(chains[r].get(), p, rows[r], cur);
+                        tokens[r] = fastpar::sample_logits(chains[r].get(), shape, rows[r], cur);
                     };
                     const double t0 = now_us();
                     if (split) {

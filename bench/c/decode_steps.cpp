@@ -151,6 +151,7 @@ int main(int argc, char ** argv) {
                                                                        : nullptr;
             const bool fastpar_way = way_pool != nullptr || w.rfind("calling-", 0) == 0;
             const fastpar::GenerateParams & params = w.find("typical") != std::string::npos ? typical : greedy;
+            const fastpar::ChainShape shape = fastpar::ChainShape::of(params);
             std::vector<fastpar::SamplerPtr> chains;
             for (int s = 0; s < n; ++s) {
                 chains.push_back(fastpar::make_sampler(params, 42, n_vocab));
@@ -198,7 +199,7 @@ int main(int argc, char ** argv) {
                         }
                         const auto pick = [&](size_t i) {
                             thread_local std::vector<llama_token_data> cur;
-                            next[i] = fastpar::sample_logits(chains[i].get(), params, rows[i], cur);
+                            next[i] = fastpar::sample_logits(chains[i].get(), shape, rows[i], cur);
                         };
                         if (w.rfind("split-", 0) == 0) {
                             fastpar::choose_split(*way_pool, rows, split_buffer, pick);

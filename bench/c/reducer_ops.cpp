@@ -10,7 +10,7 @@
 // warm-up; the median of 5 batches, in microseconds a step. `copy` is what raw llama.cpp
 // and host sampling pay instead: every row copied back whole.
 //
-// Ways (logit_reducer.hpp explains the first):
+// Ways (device_sampling.hpp explains the first):
 //   top_k       pool_1d max over blocks of 128 -> ggml_top_k 64 -> get_rows
 //   argsort     the same with ggml_argsort_top_k (fastpar's)
 //   pairs       pool_1d max over blocks of 256 (the last n_vocab % 256 left for a tail,

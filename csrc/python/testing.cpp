@@ -24,7 +24,7 @@
 #include "core/sampling/sampling.hpp"
 #include "core/loop/step_plan.hpp"
 #include "core/loop/step_policy.hpp"
-#include "core/sampling/logit_reducer.hpp"
+#include "core/sampling/device_sampling.hpp"
 #include "core/model/model.hpp"
 #include "core/structured/structured.hpp"
 #include "core/loop/text_stream.hpp"
@@ -55,9 +55,9 @@ void register_step_plan(py::module_ & m) {
     m.attr("STREAMING_DECODE_WAITS") = kStreamingDecodeWaits;
     m.attr("UNLIMITED_DECODE_WAITS") = kUnlimitedDecodeWaits;
 
-    py::class_<SlotState>(m, "SlotState", "One slot as the step planner sees it.")
+    py::class_<PlanInput>(m, "PlanInput", "One slot as the step planner sees it.")
         .def(py::init([](bool active, bool prefilling, bool waiting, size_t left) {
-                 SlotState s;
+                 PlanInput s;
                  s.active = active;
                  s.prefilling = prefilling;
                  s.waiting = waiting;
@@ -66,13 +66,13 @@ void register_step_plan(py::module_ & m) {
              }),
              py::arg("active") = false, py::arg("prefilling") = false, py::arg("waiting") = false,
              py::arg("left") = 0)
-        .def_readwrite("active", &SlotState::active)
-        .def_readwrite("prefilling", &SlotState::prefilling)
-        .def_readwrite("waiting", &SlotState::waiting)
-        .def_readwrite("left", &SlotState::left);
+        .def_readwrite("active", &PlanInput::active)
+        .def_readwrite("prefilling", &PlanInput::prefilling)
+        .def_readwrite("waiting", &PlanInput::waiting)
+        .def_readwrite("left", &PlanInput::left);
     m.def(
         "plan_step",
-        [](const std::vector<SlotState> & slots, const StepPolicy & policy, int32_t n_batch, size_t rotation,
+        [](const std::vector<PlanInput> & slots, const StepPolicy & policy, int32_t n_batch, size_t rotation,
            int32_t decode_waits) {
             StepPlan plan;
             plan_step(slots, policy, n_batch, rotation, decode_waits, plan);
@@ -104,21 +104,21 @@ void register_step_plan(py::module_ & m) {
 }
 
 void register_prefix_sharing(py::module_ & m) {
-    py::class_<SharingSlot>(m, "SharingSlot", "One slot as prefix sharing sees it.")
+    py::class_<SharingView>(m, "SharingView", "One slot as prefix sharing sees it.")
         .def(py::init([](bool active, size_t n_fed, size_t prompt_size) {
-                 SharingSlot s;
+                 SharingView s;
                  s.active = active;
                  s.n_fed = n_fed;
                  s.prompt_size = prompt_size;
                  return s;
              }),
              py::arg("active") = false, py::arg("n_fed") = 0, py::arg("prompt_size") = 0)
-        .def_readwrite("active", &SharingSlot::active)
-        .def_readwrite("n_fed", &SharingSlot::n_fed)
-        .def_readwrite("prompt_size", &SharingSlot::prompt_size)
-        .def_readonly("waiting", &SharingSlot::waiting)
-        .def_readonly("copied", &SharingSlot::copied)
-        .def_readonly("donor", &SharingSlot::donor);
+        .def_readwrite("active", &SharingView::active)
+        .def_readwrite("n_fed", &SharingView::n_fed)
+        .def_readwrite("prompt_size", &SharingView::prompt_size)
+        .def_readonly("waiting", &SharingView::waiting)
+        .def_readonly("copied", &SharingView::copied)
+        .def_readonly("donor", &SharingView::donor);
     py::class_<PrefixSharing>(m, "PrefixSharing", "core/loop/prefix_sharing.hpp's decisions, without a KV cache.")
         .def(py::init<size_t, size_t>(), py::arg("n_slots"), py::arg("min_shared") = static_cast<size_t>(kMinSharedPrefix))
         .def("pair_up", &PrefixSharing::pair_up, py::arg("a"), py::arg("prompt_a"), py::arg("b"), py::arg("prompt_b"),
@@ -126,7 +126,7 @@ void register_prefix_sharing(py::module_ & m) {
         .def("common", &PrefixSharing::common, py::arg("a"), py::arg("b"))
         .def(
             "decide",
-            [](const PrefixSharing & sharing, std::vector<SharingSlot> slots) {
+            [](const PrefixSharing & sharing, std::vector<SharingView> slots) {
                 sharing.decide(slots);
                 return slots;
             },
@@ -164,7 +164,7 @@ void register_token_chooser(py::module_ & m) {
         [](const GenerateParams & params, int32_t n_logits) {
             LogitRow row;
             row.n = n_logits;
-            return TokenChooser::work(params, row);
+            return TokenChooser::work(ChainShape::of(params), row);
         },
         py::arg("params"), py::arg("n_logits"), "Work units of choosing from a row of n_logits with these params.");
     m.def(
@@ -179,7 +179,7 @@ void register_token_chooser(py::module_ & m) {
                 row.blocks = &block;
                 row.width = n_logits;
             }
-            return splits(params, row);
+            return splits(ChainShape::of(params), row);
         },
         py::arg("params"), py::arg("n_logits"), py::arg("device_blocks") = false,
         "core/sampling/sampling.hpp's splits(): whether a row of n_logits may be split over threads.");
@@ -257,8 +257,9 @@ PYBIND11_MODULE(_testing, m) {
         py::arg("split_rows") = 0, py::arg("pool_workers") = 0,
         "Tokens fastpar's host sampling picks next to those llama.cpp's own chain picks "
         "(testing/probes.hpp, sample_against_llama).");
-    m.def("device_serves", &LogitReducer::serves, py::arg("params"),
-          "Whether device sampling may cut this request's rows down (LogitReducer::serves).");
+    m.def(
+        "device_serves", [](const GenerateParams & params) { return DeviceSampling::serves(ChainShape::of(params)); },
+        py::arg("params"), "Whether device sampling may cut this request's rows down (DeviceSampling::serves).");
     m.def(
         "measure_grammar",
         [](const std::shared_ptr<Model> & model, const GenerateParams & params, const std::vector<llama_token> & tokens) {

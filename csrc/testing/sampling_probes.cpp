@@ -26,7 +26,8 @@ std::pair<std::vector<llama_token>, std::vector<llama_token>> sample_against_lla
         }
         row = LogitRow{kept.data(), static_cast<int32_t>(kept.size()), blocks.data(), width};
     }
-    if (split_rows > 0 && !splits(params, row)) {
+    const ChainShape shape = ChainShape::of(params);
+    if (split_rows > 0 && !splits(shape, row)) {
         throw InvalidArgument("split_rows needs a whole row and a chain that splits()");
     }
     const auto copies = static_cast<size_t>(std::max(split_rows, 1));
@@ -48,11 +49,11 @@ std::pair<std::vector<llama_token>, std::vector<llama_token>> sample_against_lla
             std::vector<llama_token> picked(copies, LLAMA_TOKEN_NULL);
             choose_split(*pool, rows, buffer, [&](size_t i) {
                 thread_local std::vector<llama_token_data> cur_i;
-                picked[i] = sample_logits(ours[i].get(), params, rows[i], cur_i);
+                picked[i] = sample_logits(ours[i].get(), shape, rows[i], cur_i);
             });
             out.first.insert(out.first.end(), picked.begin(), picked.end());
         } else {
-            out.first.push_back(sample_logits(ours[0].get(), params, row, cur));
+            out.first.push_back(sample_logits(ours[0].get(), shape, row, cur));
         }
         for (int32_t t = 0; t < n; ++t) {
             whole[static_cast<size_t>(t)] = llama_token_data{t, logits[static_cast<size_t>(t)], 0.0f};

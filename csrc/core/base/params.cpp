@@ -23,16 +23,6 @@ void check_finite(const char * name, float v) {
 
 }  // namespace
 
-const char * finish_reason_name(FinishReason reason) {
-    switch (reason) {
-        case FinishReason::Stop: return "stop";
-        case FinishReason::Length: return "length";
-        case FinishReason::Error: return "error";
-        case FinishReason::Cancelled: return "cancelled";
-    }
-    return "error";
-}
-
 void validate(const ModelParams & p) {
     if (p.n_gpu_layers < -1) {
         bad("n_gpu_layers must be -1 (all), 0 or positive, got " + std::to_string(p.n_gpu_layers));

@@ -103,15 +103,15 @@ Context::Context(std::shared_ptr<const Model> model, const ContextParams & param
     cp.n_threads_batch = n_threads_;
     cp.kv_unified = params_.kv_unified;
     cp.no_perf = true;
-    // Device sampling: every slot's reducer chain goes in with the context, so llama.cpp
+    // Device sampling: every slot's chain goes in with the context, so llama.cpp
     // sizes its output buffer (pinned, about 3 x n_vocab floats a slot with samplers) and
     // reserves its graph for them now; attached later, both would happen again inside the
     // first generate call (docs/performance.md).
     std::vector<llama_sampler_seq_config> samplers;
     if (device_sampling()) {
-        device_.reducer = std::make_unique<LogitReducer>(model_->n_vocab(), params_.n_parallel);
+        device_ = std::make_unique<DeviceSampling>(model_->n_vocab(), params_.n_parallel);
         for (int32_t seq = 0; seq < params_.n_parallel; ++seq) {
-            samplers.push_back(llama_sampler_seq_config{seq, device_.reducer->new_chain(seq)});
+            samplers.push_back(llama_sampler_seq_config{seq, device_->new_chain(seq)});
         }
         cp.samplers = samplers.data();
         cp.n_samplers = samplers.size();
@@ -137,9 +137,6 @@ Context::Context(std::shared_ptr<const Model> model, const ContextParams & param
     governor_ = std::make_unique<ThreadGovernor>(n_threads_, params_.n_threads == 0);
     llama_set_abort_callback(
         ctx_, [](void * data) { return static_cast<std::atomic<bool> *>(data)->load(); }, &abort_);
-    if (device_.reducer) {
-        device_.attached.assign(static_cast<size_t>(params_.n_parallel), 1);
-    }
     if (params_.warmup == 1 || (params_.warmup == -1 && model_->on_gpu())) {
         try {
             warm_up();
@@ -169,8 +166,8 @@ void Context::warm_up() {
                 batch_add(batch_, token, pos0 + j, seq, j == n_tokens - 1);
             }
         }
-        if (device_.reducer) {
-            device_.reducer->expect(batch_, true);
+        if (device_) {
+            device_->expect(batch_, true);
         }
         clear_last_llama_error();
         const int32_t rc = llama_decode(ctx_, batch_);
@@ -197,7 +194,7 @@ bool Context::device_sampling() const {
     const bool wanted = params_.device_sampling == 1 ||
                         (params_.device_sampling == -1 && model_->output_on_gpu() &&
                          params_.n_parallel >= kAutoDeviceSamplingSlots);
-    return wanted && LogitReducer::block_for(model_->n_vocab()) > 0;
+    return wanted && DeviceSampling::block_for(model_->n_vocab()) > 0;
 }
 
 Context::~Context() { release(); }
@@ -206,12 +203,10 @@ void Context::release() {
     llama_batch_free(batch_);
     batch_ = llama_batch{};
     if (ctx_ != nullptr) {
-        for (size_t seq = 0; seq < device_.attached.size(); ++seq) {
-            if (device_.attached[seq]) {
-                llama_set_sampler(ctx_, static_cast<llama_seq_id>(seq), nullptr);
-            }
+        if (device_) {
+            device_->detach_all(ctx_);
         }
-        llama_free(ctx_);  // before device_.reducer, whose chains it may still point to
+        llama_free(ctx_);  // before device_, whose chains it may still point to
         ctx_ = nullptr;
     }
 }
@@ -228,7 +223,7 @@ void Context::with_scheduler(Stats & stats, const StepPolicy & policy, const std
     options.n_ctx_seq = n_ctx_seq_;
     options.policy = policy;
     options.pool = pool_.get();
-    options.device = device_.reducer ? &device_ : nullptr;
+    options.device = device_.get();
     options.threads = governor_.get();
     if (!grammars_) {
         grammars_ = std::make_unique<GrammarCache>(model_->vocab(), policy_.mask_workers);

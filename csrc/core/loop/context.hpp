@@ -11,6 +11,7 @@
 
 #include "core/model/model.hpp"
 #include "core/base/params.hpp"
+#include "core/base/results.hpp"
 #include "core/threads/pool.hpp"
 #include "core/loop/scheduler.hpp"
 #include "core/loop/step_policy.hpp"
@@ -68,7 +69,7 @@ public:
     // Positions one sequence may really use (n_ctx_per_seq, or less if llama.cpp gave less).
     int32_t n_ctx_per_seq() const { return n_ctx_seq_; }
     int32_t n_threads() const { return n_threads_; }
-    // Whether rows of logits are cut down on the device (LogitReducer): device_sampling
+    // Whether rows of logits are cut down on the device (DeviceSampling): device_sampling
     // asks for it (or, auto, the output layer runs on a GPU) and the vocabulary splits
     // into blocks.
     bool device_sampling() const;
@@ -102,9 +103,9 @@ private:
     std::unique_ptr<ThreadGovernor> governor_;
     // Compiled json_schema/grammar constraints and their allowed-token sets, across calls.
     std::unique_ptr<GrammarCache> grammars_;
-    // Device sampling's reducer and which slots have it attached, kept across calls;
-    // ~Context detaches them before it frees ctx_.
-    DeviceSampling device_;
+    // Device sampling (null: off), with which slots have its chain attached, kept across
+    // calls; ~Context detaches them before it frees ctx_.
+    std::unique_ptr<DeviceSampling> device_;
     bool warmed_up_ = false;
 };
 

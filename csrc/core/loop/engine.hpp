@@ -19,6 +19,7 @@
 #include "core/loop/context.hpp"
 #include "core/base/errors.hpp"
 #include "core/base/params.hpp"
+#include "core/base/results.hpp"
 #include "core/loop/scheduler.hpp"
 
 namespace fastpar {

@@ -27,14 +27,14 @@ void PrefixSharing::unpair(size_t a, size_t b) {
     samples_[a * n_slots_ + b] = samples_[b * n_slots_ + a] = 0;
 }
 
-void PrefixSharing::decide(std::vector<SharingSlot> & slots) const {
-    for (SharingSlot & s : slots) {
+void PrefixSharing::decide(std::vector<SharingView> & slots) const {
+    for (SharingView & s : slots) {
         s.waiting = false;
         s.copied = false;
         s.donor = -1;
     }
     for (size_t si = 0; si < slots.size(); ++si) {
-        SharingSlot & s = slots[si];
+        SharingView & s = slots[si];
         if (!s.active || !s.prefilling() || s.prompt_size < 2) {
             continue;
         }
@@ -44,7 +44,7 @@ void PrefixSharing::decide(std::vector<SharingSlot> & slots) const {
         size_t donor_gain = 0;  // the least gain worth a copy from `donor`
         bool have_donor = false;
         for (size_t di = 0; di < slots.size(); ++di) {
-            const SharingSlot & d = slots[di];
+            const SharingView & d = slots[di];
             if (di == si || !d.active || d.copied) {
                 continue;
             }
@@ -63,7 +63,7 @@ void PrefixSharing::decide(std::vector<SharingSlot> & slots) const {
         // Worth waiting for a slot ahead that is still decoding more of the prefix?
         bool wait = false;
         for (size_t di = 0; di < slots.size() && !wait; ++di) {
-            const SharingSlot & d = slots[di];
+            const SharingView & d = slots[di];
             if (di == si || !d.active) {
                 continue;
             }

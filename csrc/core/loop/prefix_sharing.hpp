@@ -17,7 +17,7 @@ namespace fastpar {
 size_t common_prefix(const std::vector<llama_token> & a, const std::vector<llama_token> & b);
 
 // One slot as prefix sharing sees it; slots[i] is sequence i.
-struct SharingSlot {
+struct SharingView {
     bool active = false;
     size_t n_fed = 0;        // prompt tokens in its KV cache (after a copy: the new count)
     size_t prompt_size = 0;  // its prompt's tokens
@@ -59,7 +59,7 @@ public:
     //   generation.
     // Copies commute (donors are never copied into this step), so the caller may make
     // them after the decisions.
-    void decide(std::vector<SharingSlot> & slots) const;
+    void decide(std::vector<SharingView> & slots) const;
 
 private:
     // Fewest positions worth a copy between slots a and b.

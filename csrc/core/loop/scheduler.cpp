@@ -1,19 +1,15 @@
 #include "core/loop/scheduler.hpp"
 
 #include <algorithm>
-#include <chrono>
-#include <limits>
+#include <optional>
 
 #include "core/base/errors.hpp"
-#include "core/base/text.hpp"
-#include "core/loop/text_stream.hpp"
+#include "core/loop/admit.hpp"
+#include "core/loop/prompt_scoring.hpp"
+#include "core/loop/slot.hpp"
 
 namespace fastpar {
 namespace {
-
-double ms_since(Clock::time_point t0) {
-    return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-}
 
 std::string decode_error_message(int32_t rc) {
     switch (rc) {
@@ -30,40 +26,6 @@ std::string decode_error_message(int32_t rc) {
 
 }  // namespace
 
-struct Scheduler::Slot {
-    llama_seq_id seq = 0;
-    bool active = false;
-    Request request;
-    std::vector<llama_token> prompt;
-    size_t n_fed = 0;          // prompt tokens already in the KV cache
-    llama_pos n_past = 0;      // positions of this sequence in the KV cache
-    llama_token pending = -1;  // sampled token still to be fed
-    SamplerPtr sampler;        // this request's chain (it always runs on the host)
-    GrammarPtr grammar;        // its json_schema or grammar constraint, or null
-    bool on_device = false;    // its logits are cut down on the device (DeviceSampling)
-    bool waiting = false;      // this step: leaves its prefix to a slot that decodes it first
-    TextStream text;           // its text, streamed or not
-    Completion completion;
-    // Scoring (GenerateParams::prompt_logprobs): every prompt token, the last one included
-    // even when it is never decoded (max_tokens = 0), and the first one scored.
-    std::vector<llama_token> scored;
-    size_t score_from = 0;
-    // Scored and done (max_tokens = 0); kept until the next step's prefix sharing, so that
-    // slots waiting for its prefix can still copy it (retire_scored).
-    bool scored_done = false;
-    // Set while building a batch:
-    int32_t n_plan = 0;        // tokens this slot adds to the batch
-    int32_t i_logits = -1;     // batch index whose logits this slot samples, or -1
-    bool pad = false;          // adds one throw-away token only, to keep the step one pass
-    int32_t i_score = -1;      // batch index of its first scored row; rows follow one another
-    int32_t n_score = 0;       // rows of logits it scores prompt tokens with
-    size_t p_score = 0;        // prompt position of the first scored row
-
-    bool prefilling() const { return n_fed < prompt.size(); }
-    // Scores its prompt and generates nothing: finished once the prompt is decoded.
-    bool score_only() const { return !scored.empty() && request.params->max_tokens == 0; }
-};
-
 Scheduler::Scheduler(const Model & model, llama_context * ctx, llama_batch & batch, const SchedulerOptions & options,
                      Stats & stats)
     : model_(model), ctx_(ctx), threads_(options.threads), mem_(llama_get_memory(ctx)), batch_(batch), n_batch_(options.n_batch),
@@ -73,7 +35,7 @@ Scheduler::Scheduler(const Model & model, llama_context * ctx, llama_batch & bat
       sharing_(options.policy.share_prefixes || options.policy.share_samples ? static_cast<size_t>(options.n_parallel)
                                                                               : 0) {
     const auto n_parallel = static_cast<size_t>(options.n_parallel);
-    if (device_ != nullptr && device_->attached.size() < n_parallel) {
+    if (device_ != nullptr && static_cast<size_t>(device_->n_seq()) < n_parallel) {
         throw Error("device sampling was set up for fewer slots than the scheduler has");
     }
     slots_.reserve(n_parallel);
@@ -81,10 +43,10 @@ Scheduler::Scheduler(const Model & model, llama_context * ctx, llama_batch & bat
         slots_.push_back(std::make_unique<Slot>());
         slots_.back()->seq = i;
     }
-    plan_slots_.resize(n_parallel);
+    plan_inputs_.resize(n_parallel);
     plan_.slots.reserve(n_parallel);
     if (policy_.share_prefixes || policy_.share_samples) {
-        sharing_slots_.resize(n_parallel);
+        sharing_views_.resize(n_parallel);
     }
 }
 
@@ -96,7 +58,7 @@ bool Scheduler::idle() const {
     if (!queue_.empty()) {
         return false;
     }
-    return std::none_of(slots_.begin(), slots_.end(), [](const auto & s) { return s->active; });
+    return std::none_of(slots_.begin(), slots_.end(), [](const auto & s) { return s->active(); });
 }
 
 void Scheduler::complete_unstarted(Request & request, FinishReason reason, const std::string & error) {
@@ -109,7 +71,7 @@ void Scheduler::complete_unstarted(Request & request, FinishReason reason, const
 
 void Scheduler::reap_cancelled() {
     for (auto & s : slots_) {
-        if (s->active && s->request.cancel && s->request.cancel->load()) {
+        if (s->active() && s->request.cancel && s->request.cancel->load()) {
             finish(*s, FinishReason::Cancelled);
         }
     }
@@ -127,44 +89,19 @@ void Scheduler::reap_cancelled() {
 void Scheduler::admit() {
     // Tokenizing is most of what admitting a prompt costs, so the prompts about to take
     // the free slots are tokenized on the pool at once; llama_tokenize is thread-safe.
-    struct Tokenized {
-        std::vector<llama_token> tokens;
-        bool failed = false;
-        std::string error;
-    };
-    const auto tokenize = [this](const Prompt & prompt, Tokenized & out) {
-        try {
-            if (prompt.is_tokens) {
-                const int32_t n_vocab = model_.n_vocab();
-                for (size_t i = 0; i < prompt.tokens.size(); ++i) {
-                    if (prompt.tokens[i] < 0 || prompt.tokens[i] >= n_vocab) {
-                        throw InvalidArgument("prompt token " + std::to_string(i) + " is " +
-                                              std::to_string(prompt.tokens[i]) + ", not a token id of this model (0 to " +
-                                              std::to_string(n_vocab - 1) + ")");
-                    }
-                }
-                out.tokens.assign(prompt.tokens.begin(), prompt.tokens.end());
-                return;
-            }
-            out.tokens = model_.tokenize(prompt.is_chat ? model_.apply_chat_template(prompt.messages) : prompt.text);
-        } catch (const std::exception & e) {
-            out.failed = true;
-            out.error = e.what();
-        }
-    };
     std::vector<Tokenized> ahead;
     if (pool_ != nullptr && queue_.size() >= kMinPooled) {
         const auto n_free = static_cast<size_t>(
-            std::count_if(slots_.begin(), slots_.end(), [](const std::unique_ptr<Slot> & s) { return !s->active; }));
+            std::count_if(slots_.begin(), slots_.end(), [](const std::unique_ptr<Slot> & s) { return !s->active(); }));
         if (n_free >= kMinPooled) {
             ahead.resize(std::min(n_free, queue_.size()));
-            pool_->run(ahead.size(), [&](size_t i) { tokenize(queue_[i].prompt, ahead[i]); });
+            pool_->run(ahead.size(), [&](size_t i) { tokenize_prompt(model_, queue_[i].prompt, ahead[i]); });
         }
     }
     size_t n_taken = 0;
     for (auto & slot_ptr : slots_) {
         Slot & slot = *slot_ptr;
-        while (!slot.active && !queue_.empty()) {
+        while (!slot.active() && !queue_.empty()) {
             Request request = std::move(queue_.front());
             queue_.pop_front();
             const GenerateParams & params = *request.params;
@@ -172,51 +109,15 @@ void Scheduler::admit() {
             if (n_taken < ahead.size()) {
                 t = std::move(ahead[n_taken]);
             } else {
-                tokenize(request.prompt, t);
+                tokenize_prompt(model_, request.prompt, t);
             }
             ++n_taken;
-            if (t.failed) {
-                ++stats_.n_failed;
-                complete_unstarted(request, FinishReason::Error, t.error);
-                continue;
-            }
-            std::vector<llama_token> tokens = std::move(t.tokens);
-            if (tokens.empty()) {
-                ++stats_.n_failed;
-                complete_unstarted(request, FinishReason::Error,
-                                   "prompt is empty: it tokenizes to no tokens, so there is nothing to continue");
-                continue;
-            }
-            // Scoring alone never decodes the last token, and keeps no position for
-            // generation: n_ctx_seq positions score n_ctx_seq + 1 tokens.
-            const bool score_only = params.prompt_logprobs && params.max_tokens == 0;
-            if (tokens.size() >= static_cast<size_t>(n_ctx_seq_) + (score_only ? 2 : 0)) {
-                ++stats_.n_failed;
-                complete_unstarted(request, FinishReason::Error,
-                                   "prompt has " + std::to_string(tokens.size()) + " tokens, but n_ctx_per_seq=" +
-                                       std::to_string(n_ctx_seq_) + " allows at most " +
-                                       (score_only ? std::to_string(n_ctx_seq_ + 1) + " to score"
-                                                   : std::to_string(n_ctx_seq_ - 1) +
-                                                         " (one position is kept for generation)") +
-                                       "; raise n_ctx_per_seq or shorten it");
-                continue;
-            }
-            if (params.max_tokens == 0 && (!score_only || tokens.size() < 2)) {
-                if (!score_only) {
-                    complete_unstarted(request, FinishReason::Length, "");
-                    continue;
+            if (std::optional<Completion> c = refusal(t, params, n_ctx_seq_)) {
+                if (c->finish_reason == FinishReason::Error) {
+                    ++stats_.n_failed;
                 }
-                // One token: nothing to decode, nothing to score but the first.
-                Completion c;
-                c.finish_reason = FinishReason::Length;
-                c.prompt_token_ids.assign(tokens.begin(), tokens.end());
-                c.prompt_logprobs.assign(tokens.size(), std::numeric_limits<float>::quiet_NaN());
-                c.prompt_greedy.assign(tokens.size(), 0);
-                if (params.top_logprobs > 0) {
-                    c.prompt_top_logprobs.assign(tokens.size(), {});
-                }
-                c.t_queued_ms = c.t_total_ms = ms_since(request.t_submit);
-                request.on_done(std::move(c));
+                c->t_queued_ms = c->t_total_ms = ms_since(request.t_submit);
+                request.on_done(std::move(*c));
                 continue;
             }
             GrammarPtr grammar;
@@ -236,47 +137,28 @@ void Scheduler::admit() {
             }
             choose_sampler(slot, params, request.seed);
             slot.grammar = std::move(grammar);
-            if (request.on_start) {
-                request.on_start();
-            }
-            slot.completion = Completion();
-            slot.scored.clear();
-            if (params.prompt_logprobs) {
-                slot.scored = tokens;
-                slot.score_from = static_cast<size_t>(params.prompt_logprobs_from);
-                slot.completion.prompt_token_ids.assign(tokens.begin(), tokens.end());
-                slot.completion.prompt_logprobs.assign(tokens.size(), std::numeric_limits<float>::quiet_NaN());
-                slot.completion.prompt_greedy.assign(tokens.size(), 0);
-                if (params.top_logprobs > 0) {
-                    slot.completion.prompt_top_logprobs.assign(tokens.size(), {});
-                }
-                if (score_only) {
-                    tokens.pop_back();  // its logits would predict nothing
-                }
-            }
-            slot.request = std::move(request);
-            slot.prompt = std::move(tokens);
-            slot.n_fed = 0;
-            slot.n_past = 0;
-            slot.pending = -1;
-            slot.text.reset(static_cast<bool>(slot.request.on_text));
-            slot.completion.t_queued_ms = ms_since(slot.request.t_submit);
-            slot.active = true;
-            if (policy_.share_prefixes || policy_.share_samples) {
-                for (auto & other : slots_) {
-                    if (other.get() == &slot || !other->active) {
-                        continue;
-                    }
-                    const auto a = static_cast<size_t>(slot.seq), b = static_cast<size_t>(other->seq);
-                    const bool samples = policy_.share_samples && slot.request.group != 0 &&
-                                         slot.request.group == other->request.group;
-                    if (samples || policy_.share_prefixes) {
-                        sharing_.pair_up(a, slot.prompt, b, other->prompt, samples);
-                    } else {
-                        sharing_.unpair(a, b);
-                    }
-                }
-            }
+            start_slot(slot, std::move(request), std::move(t.tokens));
+            pair_for_sharing(slot);
+        }
+    }
+}
+
+// What `slot`'s new prompt has in common with every other active slot's (prefix_sharing.hpp).
+void Scheduler::pair_for_sharing(Slot & slot) {
+    if (!policy_.share_prefixes && !policy_.share_samples) {
+        return;
+    }
+    for (auto & other : slots_) {
+        if (other.get() == &slot || !other->active()) {
+            continue;
+        }
+        const auto a = static_cast<size_t>(slot.seq), b = static_cast<size_t>(other->seq);
+        const bool samples = policy_.share_samples && slot.request.group != 0 &&
+                             slot.request.group == other->request.group;
+        if (samples || policy_.share_prefixes) {
+            sharing_.pair_up(a, slot.prompt, b, other->prompt, samples);
+        } else {
+            sharing_.unpair(a, b);
         }
     }
 }
@@ -285,25 +167,29 @@ void Scheduler::admit() {
 // sequence is copied and trimmed back to the shared prefix.
 void Scheduler::share_prefixes() {
     for (auto & sp : slots_) {
-        sp->waiting = false;
+        if (sp->state == SlotState::Waiting) {
+            sp->state = SlotState::Prompt;
+        }
     }
     if (!policy_.share_prefixes && !policy_.share_samples) {
         return;
     }
     for (size_t i = 0; i < slots_.size(); ++i) {
         const Slot & s = *slots_[i];
-        SharingSlot & h = sharing_slots_[i];
-        h.active = s.active;
+        SharingView & h = sharing_views_[i];
+        h.active = s.active();
         h.n_fed = s.n_fed;
         h.prompt_size = s.prompt.size();
         // A scoring slot decodes every position whose logits score a token itself.
-        h.max_copy = s.scored.empty() ? SIZE_MAX : s.score_from - 1;
+        h.max_copy = s.scoring.max_copy();
     }
-    sharing_.decide(sharing_slots_);
+    sharing_.decide(sharing_views_);
     for (size_t i = 0; i < slots_.size(); ++i) {
         Slot & s = *slots_[i];
-        const SharingSlot & h = sharing_slots_[i];
-        s.waiting = h.waiting;
+        const SharingView & h = sharing_views_[i];
+        if (h.waiting) {
+            s.state = SlotState::Waiting;  // only a slot with prompt to decode waits
+        }
         if (!h.copied) {
             continue;
         }
@@ -321,27 +207,19 @@ void Scheduler::share_prefixes() {
 
 void Scheduler::choose_sampler(Slot & slot, const GenerateParams & params, uint32_t seed) {
     slot.sampler = make_sampler(params, seed, model_.n_vocab());
+    slot.shape = ChainShape::of(params);
     slot.on_device = false;
     if (device_ == nullptr) {
         return;
     }
-    const bool reduce = LogitReducer::serves(params);
-    char & attached = device_->attached[static_cast<size_t>(slot.seq)];
-    if (reduce != static_cast<bool>(attached)) {
-        // Only when the kind of request changes: llama.cpp re-reserves its graph after it.
-        if (llama_set_sampler(ctx_, slot.seq, reduce ? device_->reducer->new_chain(slot.seq) : nullptr) || !reduce) {
-            attached = reduce ? 1 : 0;
-        }
-    }
-    slot.on_device = reduce && attached;
+    slot.on_device = device_->attach(ctx_, slot.seq, DeviceSampling::serves(slot.shape));
 }
 
-// Which slots add which tokens is plan_step's (step_plan.hpp); this builds its input from
-// the slots and decodes what it planned.
+// Scored slots end here, once the step after their last decode has made its copies.
 bool Scheduler::retire_scored() {
     bool any = false;
     for (auto & s : slots_) {
-        if (s->active && s->scored_done) {
+        if (s->state == SlotState::Scored) {
             finish(*s, FinishReason::Length);  // max_tokens = 0: scored, nothing to generate
             any = true;
         }
@@ -349,6 +227,8 @@ bool Scheduler::retire_scored() {
     return any;
 }
 
+// Which slots add which tokens is plan_step's (step_plan.hpp); this builds its input from
+// the slots and decodes what it planned.
 void Scheduler::step() {
     reap_cancelled();
     admit();
@@ -360,13 +240,13 @@ void Scheduler::step() {
     }
     for (size_t i = 0; i < slots_.size(); ++i) {
         const Slot & s = *slots_[i];
-        SlotState & p = plan_slots_[i];
-        p.active = s.active;
+        PlanInput & p = plan_inputs_[i];
+        p.active = s.active();
         p.prefilling = s.prefilling();
-        p.waiting = s.waiting;
+        p.waiting = s.state == SlotState::Waiting;
         p.left = s.prompt.size() - s.n_fed;
     }
-    plan_step(plan_slots_, policy_, n_batch_, prefill_rotation_, decode_waits_, plan_);
+    plan_step(plan_inputs_, policy_, n_batch_, prefill_rotation_, decode_waits_, plan_);
     decode_waits_ = plan_.decode_waits;
     prefill_rotation_ = (prefill_rotation_ + 1) % slots_.size();
     std::vector<Slot *> group;
@@ -390,7 +270,7 @@ void Scheduler::decode_group(std::vector<Slot *> group) {
     int64_t n_prompt_tokens = 0, n_gen_tokens = 0, n_padding = 0;
     for (Slot * s : group) {
         s->i_logits = -1;
-        s->n_score = 0;
+        s->scoring.n_rows = 0;
         if (s->pad) {
             // Any token: its KV entry is removed after the call.
             batch_add(batch_, 0, s->n_past, s->seq, false);
@@ -401,14 +281,13 @@ void Scheduler::decode_group(std::vector<Slot *> group) {
                 const size_t p = s->n_fed + static_cast<size_t>(j);
                 const bool gen_logits = last_chunk && j == s->n_plan - 1 && !s->score_only();
                 // Row p's logits score token p + 1 (scored rows of a chunk are consecutive).
-                const bool score = !s->scored.empty() && p + 1 >= s->score_from && p + 1 < s->scored.size();
+                const bool score = s->scoring.scores(p);
                 const int32_t i = batch_add(batch_, s->prompt[p], s->n_past + j, s->seq, gen_logits || score);
                 if (gen_logits) {
                     s->i_logits = i;
                 }
-                if (score && s->n_score++ == 0) {
-                    s->i_score = i;
-                    s->p_score = p;
+                if (score) {
+                    s->scoring.add_row(i, p);
                 }
             }
             n_prompt_tokens += s->n_plan;
@@ -420,8 +299,8 @@ void Scheduler::decode_group(std::vector<Slot *> group) {
 
     if (device_ != nullptr) {
         const bool all_on_device = std::all_of(group.begin(), group.end(),
-                                               [](const Slot * s) { return (s->i_logits < 0 && s->n_score == 0) || s->on_device; });
-        device_->reducer->expect(batch_, all_on_device);
+                                               [](const Slot * s) { return (s->i_logits < 0 && s->scoring.n_rows == 0) || s->on_device; });
+        device_->expect(batch_, all_on_device);
     }
     if (threads_ != nullptr) {
         const int32_t n = threads_->threads();
@@ -459,24 +338,23 @@ void Scheduler::decode_group(std::vector<Slot *> group) {
 
     if (rc == 0) {
         const auto t_sample = Clock::now();
-        score(group);
+        score_rows(group, ctx_, model_, pool_, stats_);
         std::vector<Slot *> ready;
-        std::vector<Slot *> scored_all;
         for (Slot * s : group) {
             if (s->prefilling()) {
                 s->n_fed += static_cast<size_t>(s->n_plan);
                 s->completion.n_prompt_tokens += s->n_plan;
                 stats_.n_prompt_tokens += s->n_plan;
+                if (s->n_fed == s->prompt.size()) {
+                    // Its prompt is in: it generates from its first token (chosen below), or,
+                    // scored only, is done (retire_scored ends it, after the next step's copies).
+                    s->state = s->score_only() ? SlotState::Scored : SlotState::Generating;
+                }
             }
             s->n_past += s->n_plan;
             if (s->i_logits >= 0) {
                 ready.push_back(s);
-            } else if (s->score_only() && !s->prefilling()) {
-                scored_all.push_back(s);
             }
-        }
-        for (Slot * s : scored_all) {
-            s->scored_done = true;  // retire_scored ends it, after the next step's copies
         }
         sample(ready);
         stats_.t_gen_ms += ms_since(t_sample);
@@ -513,64 +391,6 @@ void Scheduler::decode_group(std::vector<Slot *> group) {
     finish(s, FinishReason::Error, decode_error_message(rc));
 }
 
-// Scoring rows (GenerateParams::prompt_logprobs): the log-probability of each scored prompt
-// token and whether it was the most likely, rows shared out over the pool.
-void Scheduler::score(const std::vector<Slot *> & group) {
-    struct Row {
-        const float * logits;
-        llama_token token;
-        Slot * slot;
-        size_t pos;  // of the scored token
-        float logprob;
-        bool greedy;
-        std::vector<std::pair<llama_token, float>> top;  // with top_logprobs
-    };
-    std::vector<Row> rows;
-    for (Slot * s : group) {
-        for (int32_t k = 0; k < s->n_score; ++k) {
-            // Read on this thread: llama.cpp's accessors are not thread-safe.
-            const float * logits = llama_get_logits_ith(ctx_, s->i_score + k);
-            if (logits == nullptr) {
-                throw Error("llama.cpp returned no logits for a prompt token that asked for them");
-            }
-            const size_t pos = s->p_score + static_cast<size_t>(k) + 1;
-            rows.push_back(Row{logits, s->scored[pos], s, pos, 0.0f, false, {}});
-        }
-    }
-    if (rows.empty()) {
-        return;
-    }
-    const auto t0 = Clock::now();
-    const int32_t n_vocab = model_.n_vocab();
-    const auto one = [&](size_t i) {
-        Row & r = rows[i];
-        score_token(r.logits, n_vocab, r.token, r.logprob, r.greedy);
-        const int32_t k = r.slot->request.params->top_logprobs;
-        if (k > 0) {
-            top_logprobs(r.logits, n_vocab, k, r.top);
-        }
-    };
-    if (pool_ != nullptr && rows.size() > 1) {
-        pool_->run(rows.size(), one);
-    } else {
-        for (size_t i = 0; i < rows.size(); ++i) {
-            one(i);
-        }
-    }
-    for (const Row & r : rows) {
-        r.slot->completion.prompt_logprobs[r.pos] = r.logprob;
-        r.slot->completion.prompt_greedy[r.pos] = r.greedy ? 1 : 0;
-        if (!r.top.empty()) {
-            auto & entries = r.slot->completion.prompt_top_logprobs[r.pos];
-            entries.reserve(r.top.size());
-            for (const auto & [id, lp] : r.top) {
-                entries.push_back(TopLogprob{id, lp, utf8_sanitize(model_.token_piece(id))});
-            }
-        }
-    }
-    stats_.t_sample_ms += ms_since(t0);
-}
-
 void Scheduler::sample(const std::vector<Slot *> & slots) {
     const auto t0 = Clock::now();
     std::vector<llama_token> tokens(slots.size(), LLAMA_TOKEN_NULL);
@@ -585,16 +405,16 @@ void Scheduler::sample(const std::vector<Slot *> & slots) {
     int64_t work = 0;  // TokenChooser's units
     for (size_t i = 0; i < slots.size(); ++i) {
         Slot & s = *slots[i];
-        if (s.on_device && device_->reducer->row(ctx_, s.seq, s.i_logits, rows[i])) {
+        if (s.on_device && device_->row(ctx_, s.seq, s.i_logits, rows[i])) {
             ++stats_.n_device_sampled;
         } else {
-            // Host sampling, or a reducer llama.cpp did not run (it then copies whole rows).
+            // Host sampling, or device sampling llama.cpp did not run (it then copies whole rows).
             rows[i] = LogitRow{llama_get_logits_ith(ctx_, s.i_logits), n_vocab};
             if (rows[i].logits == nullptr) {
                 throw Error("llama.cpp returned no logits for a sequence that asked for them");
             }
         }
-        work += TokenChooser::work(*s.request.params, rows[i]);
+        work += TokenChooser::work(s.shape, rows[i]);
     }
     // Each chain and row is its own, so sequences sample in parallel and pick exactly the
     // tokens they would pick one after another.
@@ -603,22 +423,22 @@ void Scheduler::sample(const std::vector<Slot *> & slots) {
         const GenerateParams & params = *slots[i]->request.params;
         if (slots[i]->grammar) {
             try {
-                tokens[i] = sample_constrained(slots[i]->sampler.get(), *slots[i]->grammar, params, rows[i], cur, ways[i]);
+                tokens[i] = sample_constrained(slots[i]->sampler.get(), *slots[i]->grammar, slots[i]->shape, rows[i], cur, ways[i]);
             } catch (const GrammarDeadEnd & e) {
                 failed[i] = e.what();
                 return;
             }
         } else {
-            tokens[i] = sample_logits(slots[i]->sampler.get(), params, rows[i], cur);
+            tokens[i] = sample_logits(slots[i]->sampler.get(), slots[i]->shape, rows[i], cur);
         }
-        if (params.logprobs) {  // never a device row (LogitReducer::serves)
+        if (params.logprobs) {  // never a device row (DeviceSampling::serves)
             logprobs[i] = token_logprob(rows[i].logits, n_vocab, tokens[i]);
         }
         if (params.top_logprobs > 0) {  // never a device row either
             top_logprobs(rows[i].logits, n_vocab, params.top_logprobs, tops[i]);
         }
     };
-    chooser_.choose(rows, work, [&](size_t i) -> const GenerateParams & { return *slots[i]->request.params; }, pick);
+    chooser_.choose(rows, work, [&](size_t i) -> const ChainShape & { return slots[i]->shape; }, pick);
     stats_.t_sample_ms += ms_since(t0);
     for (size_t i = 0; i < slots.size(); ++i) {
         count(stats_, ways[i]);
@@ -645,12 +465,7 @@ void Scheduler::accept_token(Slot & s, llama_token token, float logprob,
         s.completion.logprobs.push_back(logprob);
     }
     if (params.top_logprobs > 0) {
-        std::vector<TopLogprob> entries;
-        entries.reserve(top.size());
-        for (const auto & [id, lp] : top) {
-            entries.push_back(TopLogprob{id, lp, utf8_sanitize(model_.token_piece(id))});
-        }
-        s.completion.top_logprobs.push_back(std::move(entries));
+        s.completion.top_logprobs.push_back(top_logprob_entries(model_, top));
     }
     ++stats_.n_gen_tokens;
     if (s.text.append(model_.token_piece(token), params.stop)) {
@@ -677,13 +492,12 @@ void Scheduler::emit_text(Slot & s) {
 
 void Scheduler::finish(Slot & s, FinishReason reason, const std::string & error) {
     llama_memory_seq_rm(mem_, s.seq, -1, -1);
-    s.sampler.reset();  // an attached reducer chain stays, for the slot's next request
+    s.sampler.reset();  // an attached device-sampling chain stays, for the slot's next request
     s.grammar.reset();
     s.on_device = false;
-    s.active = false;
+    s.state = SlotState::Idle;
     s.prompt.clear();
-    s.scored.clear();
-    s.scored_done = false;
+    s.scoring.tokens.clear();
     s.n_fed = 0;
     s.n_past = 0;
     if (reason == FinishReason::Error) {
@@ -712,7 +526,7 @@ void Scheduler::finish(Slot & s, FinishReason reason, const std::string & error)
 
 void Scheduler::cancel_all() noexcept {
     for (auto & s : slots_) {
-        if (s->active) {
+        if (s->active()) {
             try {
                 finish(*s, FinishReason::Cancelled);
             } catch (...) {

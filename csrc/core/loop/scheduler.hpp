@@ -12,9 +12,10 @@
 #include <string>
 #include <vector>
 
-#include "core/sampling/logit_reducer.hpp"
+#include "core/sampling/device_sampling.hpp"
 #include "core/model/model.hpp"
 #include "core/base/params.hpp"
+#include "core/base/results.hpp"
 #include "core/threads/pool.hpp"
 #include "core/loop/prefix_sharing.hpp"
 #include "core/sampling/sampling.hpp"
@@ -46,15 +47,6 @@ struct Request {
     Clock::time_point t_submit = Clock::now();
 };
 
-// What a context keeps for device sampling (logit_reducer.hpp): the reducer, and which
-// slots have its chain attached (llama_set_sampler). Slots whose request needs the whole
-// row of logits detach it; attaching or detaching makes llama.cpp re-reserve its graph,
-// so a chain stays attached across requests and calls while they can use it.
-struct DeviceSampling {
-    std::unique_ptr<LogitReducer> reducer;
-    std::vector<char> attached;  // [seq]
-};
-
 // Appends one token of one sequence to `batch` (which has room for it); returns its index.
 inline int32_t batch_add(llama_batch & batch, llama_token token, llama_pos pos, llama_seq_id seq, bool logits) {
     const int32_t i = batch.n_tokens++;
@@ -75,7 +67,7 @@ struct SchedulerOptions {
     TaskPool * pool = nullptr;
     // With it (kept by the context), rows of logits are cut down to their best candidates
     // inside the graph for every request whose chain can start from them
-    // (LogitReducer::serves); the others get whole rows. May be null.
+    // (DeviceSampling::serves); the others get whole rows. May be null.
     DeviceSampling * device = nullptr;
     // Adapts llama.cpp's thread count to the CPUs this process gets (kept by the context);
     // may be null.
@@ -84,6 +76,8 @@ struct SchedulerOptions {
     // calls with the same schema start warm); required.
     GrammarCache * grammars = nullptr;
 };
+
+struct Slot;  // slot.hpp
 
 class Scheduler {
 public:
@@ -108,15 +102,13 @@ public:
     static void complete_unstarted(Request & request, FinishReason reason, const std::string & error);
 
 private:
-    struct Slot;
-
     void reap_cancelled();
     void choose_sampler(Slot & slot, const GenerateParams & params, uint32_t seed);
-    void admit();
+    void admit();  // admit.hpp has its parts
+    void pair_for_sharing(Slot & slot);
     void share_prefixes();
     void emit_text(Slot & slot);
     void decode_group(std::vector<Slot *> group);
-    void score(const std::vector<Slot *> & group);
     bool retire_scored();
     void sample(const std::vector<Slot *> & slots);
     void accept_token(Slot & slot, llama_token token, float logprob, std::vector<std::pair<llama_token, float>> & top);
@@ -136,8 +128,8 @@ private:
     TokenChooser chooser_;
     GrammarCache & grammars_;  // json_schema and grammar constraints, compiled once each
     PrefixSharing sharing_;  // for no slot unless policy_.share_prefixes or share_samples
-    std::vector<SharingSlot> sharing_slots_;  // reused each step
-    std::vector<SlotState> plan_slots_;       // reused each step
+    std::vector<SharingView> sharing_views_;  // reused each step
+    std::vector<PlanInput> plan_inputs_;       // reused each step
     StepPlan plan_;                           // reused each step
     std::vector<std::unique_ptr<Slot>> slots_;
     std::deque<Request> queue_;

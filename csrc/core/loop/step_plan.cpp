@@ -4,13 +4,13 @@
 
 namespace fastpar {
 
-void plan_step(const std::vector<SlotState> & slots, const StepPolicy & policy, int32_t n_batch, size_t rotation,
+void plan_step(const std::vector<PlanInput> & slots, const StepPolicy & policy, int32_t n_batch, size_t rotation,
                int32_t decode_waits, StepPlan & out) {
     const size_t n = slots.size();
     out.slots.assign(n, SlotPlan{});
     size_t n_decoding = 0;
     size_t n_prompt_ready = 0;  // prompt tokens that could be decoded now
-    for (const SlotState & s : slots) {
+    for (const PlanInput & s : slots) {
         if (!s.active) {
             continue;
         }
@@ -53,7 +53,7 @@ void plan_step(const std::vector<SlotState> & slots, const StepPolicy & policy, 
     bool first = true;
     for (size_t k = 0; k < n && budget > 0; ++k) {
         const size_t i = (rotation + k) % n;
-        const SlotState & s = slots[i];
+        const PlanInput & s = slots[i];
         if (!s.active || !s.prefilling || s.waiting) {
             continue;
         }

@@ -12,13 +12,14 @@
 namespace fastpar {
 
 // One slot as the planner sees it; slots[i] is sequence i.
-struct SlotState {
+struct PlanInput {
     bool active = false;      // holds a request
     bool prefilling = false;  // still has prompt tokens to decode (else: decodes one token)
     bool waiting = false;     // leaves its prompt prefix to another slot this step (prefix_sharing.hpp)
     size_t left = 0;          // prompt tokens still to decode
 };
 
+// What the plan has one slot do this step.
 struct SlotPlan {
     int32_t n_plan = 0;  // tokens the slot adds to the batch (0: not in this step)
     bool pad = false;    // adds one throw-away token only, to keep the step one forward pass
@@ -41,7 +42,7 @@ struct StepPlan {
 //   starves: the first takes what fits, the others go only whole (a cut prompt ends in a
 //   pass of its own next step). A padded slot that gets a chunk is no longer padding.
 // `out` is reused from step to step (no allocation once it has grown to the slots).
-void plan_step(const std::vector<SlotState> & slots, const StepPolicy & policy, int32_t n_batch, size_t rotation,
+void plan_step(const std::vector<PlanInput> & slots, const StepPolicy & policy, int32_t n_batch, size_t rotation,
                int32_t decode_waits, StepPlan & out);
 
 }  // namespace fastpar

@@ -29,10 +29,6 @@ uint32_t resolve_seed(const GenerateParams & params) {
 
 void SamplerDeleter::operator()(llama_sampler * s) const { llama_sampler_free(s); }
 
-bool has_penalties(const GenerateParams & p) {
-    return p.repeat_penalty != 1.0f || p.frequency_penalty != 0.0f || p.presence_penalty != 0.0f;
-}
-
 namespace {
 
 // A row of logits is scanned in blocks whose largest value is found with vector max
@@ -203,14 +199,12 @@ llama_token argmax(const LogitRow & row) {
     return row.id(j_best);
 }
 
-// The order the greedy and top-k samplers rank tokens in: larger logit first, then lower id.
+}  // namespace
+
 bool better(const llama_token_data & a, const llama_token_data & b) {
     return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
 }
 
-}  // namespace
-
-// Runs the chain over candidates `cur` (best first when `sorted`), accepts and returns its choice.
 llama_token apply_chain(llama_sampler * chain, std::vector<llama_token_data> & cur, bool sorted, bool accept) {
     llama_token_data_array cur_p = {cur.data(), cur.size(), -1, sorted};
     llama_sampler_apply(chain, &cur_p);
@@ -264,11 +258,10 @@ bool best_candidates(const LogitRow & row, size_t k, std::vector<llama_token_dat
     return true;
 }
 
-llama_token sample_logits(llama_sampler * chain, const GenerateParams & p, const LogitRow & row,
+llama_token sample_logits(llama_sampler * chain, const ChainShape & shape, const LogitRow & row,
                           std::vector<llama_token_data> & cur, bool accept) {
-    const bool penalties = has_penalties(p);
     const float * x = row.logits;
-    if (!penalties && p.temperature <= 0.0f) {
+    if (shape.argmax()) {
         const llama_token best = argmax(row);
         if (accept) {
             llama_sampler_accept(chain, best);
@@ -276,10 +269,11 @@ llama_token sample_logits(llama_sampler * chain, const GenerateParams & p, const
         return best;
     }
     bool sorted = false;
-    if (!penalties && p.top_k > 0 && (p.top_k < row.n || row.blocks != nullptr)) {
+    const int32_t k = shape.keeps_best();  // top-k's k, or 0 (a greedy chain chose above)
+    if (k > 0 && (k < row.n || row.blocks != nullptr)) {
         // The k best logits, best first: what the chain's top-k sampler would keep, so it
         // and the rest of the chain see the same candidates.
-        if (!best_candidates(row, static_cast<size_t>(p.top_k), cur)) {
+        if (!best_candidates(row, static_cast<size_t>(k), cur)) {
             return apply_chain(chain, cur, false, accept);
         }
         sorted = true;
@@ -294,11 +288,11 @@ llama_token sample_logits(llama_sampler * chain, const GenerateParams & p, const
     return apply_chain(chain, cur, sorted, accept);
 }
 
-bool splits(const GenerateParams & p, const LogitRow & row) {
+bool splits(const ChainShape & shape, const LogitRow & row) {
     // sample_logits' argmax and its top-k pass over a whole row of at least kTopKWideRow
     // logits: both start from the row's kArgmaxBlock-wide block maxima.
-    return row.blocks == nullptr && row.n >= kTopKWideRow && !has_penalties(p) &&
-           (p.temperature <= 0.0f || (p.top_k > 0 && p.top_k < row.n));
+    const int32_t k = shape.keeps_best();
+    return row.blocks == nullptr && row.n >= kTopKWideRow && k > 0 && k < row.n;
 }
 
 void choose_split(TaskPool & pool, std::vector<LogitRow> & rows, std::vector<float> & buffer,
@@ -411,16 +405,17 @@ SamplerPtr make_sampler(const GenerateParams & p, uint32_t seed, int32_t n_vocab
         }
         llama_sampler_chain_add(chain.get(), s);  // the chain owns it from here
     };
-    if (has_penalties(p)) {
+    const ChainShape shape = ChainShape::of(p);
+    if (shape.penalties) {
         add(llama_sampler_init_penalties(n_vocab, p.repeat_last_n, p.repeat_penalty, p.frequency_penalty,
                                          p.presence_penalty));
     }
-    if (p.temperature <= 0.0f) {
+    if (shape.greedy) {
         add(llama_sampler_init_greedy());
         return chain;
     }
-    if (p.top_k > 0) {
-        add(llama_sampler_init_top_k(p.top_k));
+    if (shape.top_k > 0) {
+        add(llama_sampler_init_top_k(shape.top_k));
     }
     if (p.top_p < 1.0f) {
         add(llama_sampler_init_top_p(p.top_p, 1));

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/base/params.hpp"
+#include "core/sampling/chain_shape.hpp"
 #include "core/threads/pool.hpp"
 #include "llama.h"
 
@@ -18,15 +19,12 @@ struct SamplerDeleter {
 };
 using SamplerPtr = std::unique_ptr<llama_sampler, SamplerDeleter>;
 
-// Whether make_sampler puts a penalties sampler first (it needs the token history).
-bool has_penalties(const GenerateParams & params);
-
-// penalties -> (greedy | top_k -> top_p -> min_p -> temperature -> dist(seed)).
-// `seed` is the resolved seed (never -1).
+// penalties -> (greedy | top_k -> top_p -> min_p -> temperature -> dist(seed)), the
+// samplers ChainShape::of(params) names. `seed` is the resolved seed (never -1).
 SamplerPtr make_sampler(const GenerateParams & params, uint32_t seed, int32_t n_vocab);
 
 // A row of logits to sample from: the whole vocabulary (`blocks` null: logits[t] is token
-// t's), or the blocks device sampling kept (logit_reducer.hpp): n / width blocks, block b
+// t's), or the blocks device sampling kept (device_sampling.hpp): n / width blocks, block b
 // holding the logits of tokens blocks[b] * width .. blocks[b] * width + width - 1.
 struct LogitRow {
     const float * logits = nullptr;
@@ -41,19 +39,23 @@ struct LogitRow {
 };
 
 // What llama_sampler_sample does on the host, from a row of logits the caller already
-// holds: applies the chain `params` built (make_sampler), accepts and returns the chosen
+// holds: applies `chain` (make_sampler), of shape `shape`, accepts and returns the chosen
 // token. Two shortcuts skip building the whole candidate array: a greedy chain without
 // penalties is an argmax of the row, and a chain that starts with top-k (no penalties)
 // gets only the k best candidates, found in one pass; ties go to the lower token id, as
 // in llama.cpp's samplers. A row of device-sampling blocks takes only those two kinds of
-// chain (LogitReducer::serves) and gives the token the whole row would. Safe to call for
+// chain (DeviceSampling::serves) and gives the token the whole row would. Safe to call for
 // different chains on different threads at once. With `accept` false the chain is not
 // told its choice (structured output checks it against a grammar first).
-llama_token sample_logits(llama_sampler * chain, const GenerateParams & params, const LogitRow & row,
+llama_token sample_logits(llama_sampler * chain, const ChainShape & shape, const LogitRow & row,
                           std::vector<llama_token_data> & cur, bool accept = true);
 
-// llama.cpp's own way of choosing: `chain` applied to every candidate of `cur` (best first
-// when `sorted`); returns its choice, which the chain accepts unless `accept` is false.
+// The order llama.cpp's greedy and top-k samplers rank candidates in: larger logit first,
+// then lower id.
+bool better(const llama_token_data & a, const llama_token_data & b);
+
+// Runs `chain` over the candidates `cur` (best first when `sorted`) and returns its choice,
+// accepted into the chain when `accept`; throws Error when the chain selects none.
 llama_token apply_chain(llama_sampler * chain, std::vector<llama_token_data> & cur, bool sorted, bool accept = true);
 
 // The k best candidates of `row` (k > 0), best first: larger logit, then lower id, as
@@ -62,10 +64,10 @@ llama_token apply_chain(llama_sampler * chain, std::vector<llama_token_data> & c
 // NaNs only, with its first k candidates in row order instead.
 bool best_candidates(const LogitRow & row, size_t k, std::vector<llama_token_data> & cur);
 
-// Whether sample_logits reads every logit of `row` with the chain `params` builds in a first
+// Whether sample_logits reads every logit of `row` with a chain of shape `shape` in a first
 // pass (the row's block maxima) that choose_split can spread over threads: a whole row of
 // a large vocabulary, and a greedy chain or one that starts with top-k, without penalties.
-bool splits(const GenerateParams & params, const LogitRow & row);
+bool splits(const ChainShape & shape, const LogitRow & row);
 
 // Calls pick(i) for every row i of `rows` (every one of them splits()) on `pool`, once the
 // row's block maxima are in: the first pass over each row is cut into parts of a few

@@ -35,9 +35,9 @@ public:
     TokenChooser(TaskPool * pool, bool split_rows)
         : pool_(pool), split_rows_(split_rows && pool != nullptr && pool->n_threads() > 1) {}
 
-    // kMinPooledWork's units for choosing from `row` with the chain `params` builds.
-    static int64_t work(const GenerateParams & params, const LogitRow & row) {
-        return int64_t{row.n} * (params.temperature <= 0.0f ? 1 : 4);
+    // kMinPooledWork's units for choosing from `row` with a chain of shape `shape`.
+    static int64_t work(const ChainShape & shape, const LogitRow & row) {
+        return int64_t{row.n} * (shape.greedy ? 1 : 4);
     }
 
     // The way for `n_rows` rows of `work` units in all, with a pool or not, splitting
@@ -53,15 +53,15 @@ public:
         return Way::OneThread;
     }
 
-    // Calls pick(i) once for every row i, on the way decided for them; `params_of(i)` is
-    // row i's GenerateParams, `work` the rows' units in all. Each row has its own chain, so
+    // Calls pick(i) once for every row i, on the way decided for them; `shape_of(i)` is
+    // the shape of row i's chain, `work` the rows' units in all. Each row has its own chain, so
     // the tokens are those picked one after another. Exceptions from pick pass through.
-    template <class ParamsOf, class Pick>
-    Way choose(std::vector<LogitRow> & rows, int64_t work, const ParamsOf & params_of, const Pick & pick) {
+    template <class ShapeOf, class Pick>
+    Way choose(std::vector<LogitRow> & rows, int64_t work, const ShapeOf & shape_of, const Pick & pick) {
         const size_t n = rows.size();
         bool rows_split = split_rows_ && n >= kMinSplit && n < kMinPooled;
         for (size_t i = 0; rows_split && i < n; ++i) {
-            rows_split = splits(params_of(i), rows[i]);
+            rows_split = splits(shape_of(i), rows[i]);
         }
         const Way way = decide(n, work, pool_ != nullptr, split_rows_, rows_split);
         switch (way) {

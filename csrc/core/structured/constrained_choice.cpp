@@ -60,10 +60,6 @@ void accept_both(llama_sampler * chain, llama_grammar & grammar, llama_token tok
     llama_sampler_accept(chain, token);
 }
 
-bool better(const llama_token_data & a, const llama_token_data & b) {
-    return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
-}
-
 float logit_at(const LogitRow & row, size_t t) { return std::isnan(row.logits[t]) ? -INFINITY : row.logits[t]; }
 
 // Candidates checked first when the chain keeps only the best few (greedy or top-k).
@@ -71,18 +67,18 @@ constexpr size_t kFirstChecked = 256;
 
 }  // namespace
 
-llama_token sample_constrained(llama_sampler * chain, RowGrammar & rg, const GenerateParams & p,
+llama_token sample_constrained(llama_sampler * chain, RowGrammar & rg, const ChainShape & shape,
                                const LogitRow & row, std::vector<llama_token_data> & cur, ConstrainedWay & way_out) {
     way_out = ConstrainedWay::None;  // until a token is accepted
     ConstrainedWay way = ConstrainedWay::None;
     if (row.blocks != nullptr) {
-        throw Error("a constrained request needs the whole row of logits");  // LogitReducer::serves
+        throw Error("a constrained request needs the whole row of logits");  // DeviceSampling::serves
     }
     llama_grammar & grammar = *rg.g;
     thread_local std::string key;
     const bool keyed = rg.sets && rg.key(key);
     std::shared_ptr<const Allowed> set = keyed ? rg.sets->find(key) : nullptr;
-    const llama_token first = sample_logits(chain, p, row, cur, false);
+    const llama_token first = sample_logits(chain, shape, row, cur, false);
     if (set ? set->allows(first) : allows(grammar, first)) {
         accept_both(chain, grammar, first);
         way_out = ConstrainedWay::Kept;
@@ -97,8 +93,8 @@ llama_token sample_constrained(llama_sampler * chain, RowGrammar & rg, const Gen
     // Mask, then let the chain choose among the allowed candidates.
     const auto n = static_cast<size_t>(row.n);
     size_t n_allowed = 0;
-    const bool best_few = !has_penalties(p) && (p.temperature <= 0.0f || p.top_k > 0);
-    const size_t need = p.temperature <= 0.0f ? 1 : static_cast<size_t>(std::max(p.top_k, 1));
+    const bool best_few = shape.keeps_best() > 0;
+    const size_t need = shape.greedy ? 1 : static_cast<size_t>(std::max(shape.top_k, 1));
     const size_t head = std::max(kFirstChecked, 4 * need);
     if (!set && best_few && n > head + need) {
         // The chain keeps the `need` best allowed tokens: once that many of the best
@@ -125,7 +121,7 @@ llama_token sample_constrained(llama_sampler * chain, RowGrammar & rg, const Gen
             }
         }
         n_allowed = cur.size();
-    } else if (set && p.temperature <= 0.0f && !has_penalties(p)) {
+    } else if (set && shape.argmax()) {
         // Greedy: the largest allowed logit, the lowest id among equals (one pass).
         llama_token best = -1;
         float best_x = -INFINITY;
@@ -183,12 +179,7 @@ llama_token sample_constrained(llama_sampler * chain, RowGrammar & rg, const Gen
         throw GrammarDeadEnd("the grammar allows no token here (a dead end): the output so far cannot be completed");
     }
     cur.resize(n_allowed);
-    llama_token_data_array a{cur.data(), cur.size(), -1, false};
-    llama_sampler_apply(chain, &a);
-    if (a.selected < 0 || a.selected >= static_cast<int64_t>(a.size)) {
-        throw Error("the sampler chain selected no token");
-    }
-    const llama_token token = a.data[a.selected].id;
+    const llama_token token = apply_chain(chain, cur, false, false);
     accept_both(chain, grammar, token);
     way_out = way;
     return token;

@@ -35,7 +35,7 @@ void count(Stats & stats, ConstrainedWay way);
 // refused has its whole allowed set computed once and kept (AllowedSets): every row in that
 // state later reads it instead of masking. Throws GrammarDeadEnd when the grammar allows no
 // token. `way` says how the token was chosen.
-llama_token sample_constrained(llama_sampler * chain, RowGrammar & grammar, const GenerateParams & params,
+llama_token sample_constrained(llama_sampler * chain, RowGrammar & grammar, const ChainShape & shape,
                                const LogitRow & row, std::vector<llama_token_data> & cur, ConstrainedWay & way);
 
 struct GrammarDeadEnd : std::runtime_error {

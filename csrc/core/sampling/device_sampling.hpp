@@ -42,7 +42,7 @@ namespace fastpar {
 // sequence its row, and in which layout, is recorded when llama.cpp sets the pass's
 // inputs (it does for reused graphs too), so a decode split into several passes, or one
 // that reuses an earlier grouped graph, is read correctly.
-class LogitReducer {
+class DeviceSampling {
 public:
     // The most top-k a chain may ask for and still start from the candidates.
     static constexpr int32_t kTopBlocks = 64;
@@ -50,17 +50,17 @@ public:
     // The block width for a vocabulary: the largest power of two up to 128 that divides
     // n_vocab into more than kTopBlocks blocks; 0 when there is none (no reduction).
     static int32_t block_for(int32_t n_vocab);
-    // Whether the chain make_sampler builds for `params` can start from the candidates:
-    // greedy or top-k (1..kTopBlocks), no penalties (they change logits outside the
-    // candidates), no logprobs or top_logprobs (they need the whole row), and no json_schema
-    // or grammar (the tokens the grammar allows may all lie outside the candidates).
-    static bool serves(const GenerateParams & params);
+    // Whether a chain of shape `shape` can start from the candidates: it keeps only the
+    // best 1..kTopBlocks of a row (greedy or top-k, no penalties: they change logits
+    // outside the candidates), and its request does not need whole rows (no logprobs,
+    // top_logprobs, json_schema or grammar: ChainShape::whole_rows).
+    static bool serves(const ChainShape & shape);
 
     // n_vocab must have a block (block_for > 0); n_seq is the number of slots.
-    LogitReducer(int32_t n_vocab, int32_t n_seq);
-    ~LogitReducer();
-    LogitReducer(const LogitReducer &) = delete;
-    LogitReducer & operator=(const LogitReducer &) = delete;
+    DeviceSampling(int32_t n_vocab, int32_t n_seq);
+    ~DeviceSampling();
+    DeviceSampling(const DeviceSampling &) = delete;
+    DeviceSampling & operator=(const DeviceSampling &) = delete;
 
     // A chain to attach to sequence `seq` (llama_set_sampler). llama.cpp initialises a
     // chain when it is attached and only once, so each attach takes a new one; it replaces
@@ -68,6 +68,19 @@ public:
     // drops every graph that used it before its next decode. Free the reducer only after
     // the context has been freed or the chains detached.
     llama_sampler * new_chain(int32_t seq);
+
+    // Slots the reducer was made for.
+    int32_t n_seq() const { return static_cast<int32_t>(attached_.size()); }
+
+    // Which slots have their chain attached (llama_set_sampler). Every chain goes in with
+    // the context (llama_context_params.samplers), so all start attached. A slot whose
+    // request needs whole rows detaches its chain; attaching or detaching makes llama.cpp
+    // re-reserve its graph, so a chain stays attached across requests and calls while
+    // they can use it. attach() attaches sequence `seq`'s chain (`on`) or detaches it,
+    // only when that changes, and returns whether its rows are now cut down on the device.
+    bool attach(llama_context * ctx, llama_seq_id seq, bool on);
+    // Detaches every attached chain: before the context is freed.
+    void detach_all(llama_context * ctx);
 
     // Before every llama_decode: which rows `batch` asks for (one a sequence at most), and
     // whether every sequence asking has this reducer's chain attached.
@@ -113,6 +126,7 @@ private:
     std::shared_ptr<Layout> layout_;  // of that graph
     std::vector<Part> parts_;
     std::vector<SamplerPtr> chains_;  // [seq]: the last one made
+    std::vector<char> attached_;      // [seq]
     // The decode under way or last done:
     std::vector<int32_t> index_of_seq_;                // [seq]: batch index of its row, -1 for none
     int32_t n_expected_ = 0;                           // rows it asks for

@@ -1,4 +1,4 @@
-#include "core/sampling/logit_reducer.hpp"
+#include "core/sampling/device_sampling.hpp"
 
 #include <algorithm>
 #include <string>
@@ -8,8 +8,8 @@
 
 namespace fastpar {
 
-struct LogitReducer::Part {
-    LogitReducer * owner = nullptr;
+struct DeviceSampling::Part {
+    DeviceSampling * owner = nullptr;
     llama_seq_id seq = 0;
 };
 
@@ -49,17 +49,15 @@ bool reducer_backend_init(llama_sampler *, ggml_backend_buffer_type_t, uint32_t)
 
 }  // namespace
 
-int32_t LogitReducer::block_for(int32_t n_vocab) { return block_width(n_vocab, kTopBlocks); }
+int32_t DeviceSampling::block_for(int32_t n_vocab) { return block_width(n_vocab, kTopBlocks); }
 
-bool LogitReducer::serves(const GenerateParams & p) {
+bool DeviceSampling::serves(const ChainShape & shape) {
     // A grammar's mask may allow none of the candidates: constrained rows come whole.
-    if (has_penalties(p) || p.logprobs || p.prompt_logprobs || p.top_logprobs > 0 || !p.json_schema.empty() || !p.grammar.empty()) {
-        return false;
-    }
-    return p.temperature <= 0.0f || (p.top_k > 0 && p.top_k <= kTopBlocks);
+    const int32_t k = shape.keeps_best();
+    return !shape.whole_rows && k > 0 && k <= kTopBlocks;
 }
 
-LogitReducer::LogitReducer(int32_t n_vocab, int32_t n_seq)
+DeviceSampling::DeviceSampling(int32_t n_vocab, int32_t n_seq)
     : n_vocab_(n_vocab), block_(block_for(n_vocab)), parts_(static_cast<size_t>(n_seq)) {
     if (block_ == 0) {
         throw Error("device sampling cannot split a vocabulary of " + std::to_string(n_vocab) + " tokens into blocks");
@@ -69,11 +67,12 @@ LogitReducer::LogitReducer(int32_t n_vocab, int32_t n_seq)
         parts_[seq].seq = static_cast<llama_seq_id>(seq);
     }
     chains_.resize(parts_.size());
+    attached_.assign(parts_.size(), 1);
     index_of_seq_.assign(parts_.size(), -1);
     ran_.resize(parts_.size());
 }
 
-llama_sampler * LogitReducer::new_chain(int32_t seq) {
+llama_sampler * DeviceSampling::new_chain(int32_t seq) {
     static llama_sampler_i iface = {
         /* .name              = */ reducer_name,
         /* .accept            = */ nullptr,
@@ -83,9 +82,9 @@ llama_sampler * LogitReducer::new_chain(int32_t seq) {
         /* .free              = */ reducer_free,
         /* .backend_init      = */ reducer_backend_init,
         /* .backend_accept    = */ nullptr,
-        /* .backend_apply     = */ &LogitReducer::backend_apply,
-        /* .backend_set_input = */ &LogitReducer::backend_set_input,
-        /* .backend_reset     = */ &LogitReducer::backend_reset,
+        /* .backend_apply     = */ &DeviceSampling::backend_apply,
+        /* .backend_set_input = */ &DeviceSampling::backend_set_input,
+        /* .backend_reset     = */ &DeviceSampling::backend_reset,
         /* .copy_state        = */ nullptr,
     };
     // llama_set_sampler takes sampler chains only: a chain of one.
@@ -101,14 +100,33 @@ llama_sampler * LogitReducer::new_chain(int32_t seq) {
     return chains_[static_cast<size_t>(seq)].get();
 }
 
-LogitReducer::~LogitReducer() = default;
+DeviceSampling::~DeviceSampling() = default;
 
-void LogitReducer::backend_reset(llama_sampler * smpl) {
-    LogitReducer & self = *static_cast<Part *>(smpl->ctx)->owner;
+bool DeviceSampling::attach(llama_context * ctx, llama_seq_id seq, bool on) {
+    char & attached = attached_[static_cast<size_t>(seq)];
+    if (on != static_cast<bool>(attached)) {
+        // Only when the kind of request changes: llama.cpp re-reserves its graph after it.
+        if (llama_set_sampler(ctx, seq, on ? new_chain(seq) : nullptr) || !on) {
+            attached = on ? 1 : 0;
+        }
+    }
+    return on && attached;
+}
+
+void DeviceSampling::detach_all(llama_context * ctx) {
+    for (size_t seq = 0; seq < attached_.size(); ++seq) {
+        if (attached_[seq]) {
+            llama_set_sampler(ctx, static_cast<llama_seq_id>(seq), nullptr);
+        }
+    }
+}
+
+void DeviceSampling::backend_reset(llama_sampler * smpl) {
+    DeviceSampling & self = *static_cast<Part *>(smpl->ctx)->owner;
     self.src_ = self.blocks_ = self.values_ = nullptr;
 }
 
-void LogitReducer::build(ggml_context * ctx, ggml_tensor * logits, bool in_decode) {
+void DeviceSampling::build(ggml_context * ctx, ggml_tensor * logits, bool in_decode) {
     // `logits` is [n, rows]: llama.cpp's whole logits tensor (a 1-D probe when it sizes
     // the graph). A row too short to split is one block.
     const int64_t n = logits->ne[0];
@@ -155,9 +173,9 @@ void LogitReducer::build(ggml_context * ctx, ggml_tensor * logits, bool in_decod
     layout_ = std::move(layout);
 }
 
-void LogitReducer::backend_apply(llama_sampler * smpl, ggml_context * ctx, ggml_cgraph *, llama_sampler_data * data) {
+void DeviceSampling::backend_apply(llama_sampler * smpl, ggml_context * ctx, ggml_cgraph *, llama_sampler_data * data) {
     const Part & part = *static_cast<Part *>(smpl->ctx);
-    LogitReducer & self = *part.owner;
+    DeviceSampling & self = *part.owner;
     // data->logits is this sequence's row: a view into the whole logits tensor, or (probe)
     // a tensor of its own. A sequence without a row in this pass gets row 0 (llama.cpp
     // ignores what it returns).
@@ -192,14 +210,14 @@ void LogitReducer::backend_apply(llama_sampler * smpl, ggml_context * ctx, ggml_
                            : nullptr;
 }
 
-void LogitReducer::backend_set_input(llama_sampler * smpl) {
+void DeviceSampling::backend_set_input(llama_sampler * smpl) {
     // Called for each sequence with a row in the pass about to run, after llama.cpp built
     // its graph or chose to reuse the last one: either way layout_ describes it.
     const Part & part = *static_cast<Part *>(smpl->ctx);
     part.owner->ran_[static_cast<size_t>(part.seq)] = part.owner->layout_;
 }
 
-void LogitReducer::expect(const llama_batch & batch, bool all_attached) {
+void DeviceSampling::expect(const llama_batch & batch, bool all_attached) {
     std::fill(index_of_seq_.begin(), index_of_seq_.end(), -1);
     std::fill(ran_.begin(), ran_.end(), nullptr);
     leaders_of_ = nullptr;
@@ -214,7 +232,7 @@ void LogitReducer::expect(const llama_batch & batch, bool all_attached) {
     all_attached_ = all_attached;
 }
 
-bool LogitReducer::row(llama_context * ctx, llama_seq_id seq, int32_t i, LogitRow & out) {
+bool DeviceSampling::row(llama_context * ctx, llama_seq_id seq, int32_t i, LogitRow & out) {
     const Layout * layout = ran_[static_cast<size_t>(seq)].get();
     if (layout != nullptr && layout->group > 0) {
         return grouped_row(ctx, *layout, seq, out);
@@ -231,7 +249,7 @@ bool LogitReducer::row(llama_context * ctx, llama_seq_id seq, int32_t i, LogitRo
     return true;
 }
 
-bool LogitReducer::grouped_row(llama_context * ctx, const Layout & layout, llama_seq_id seq, LogitRow & out) {
+bool DeviceSampling::grouped_row(llama_context * ctx, const Layout & layout, llama_seq_id seq, LogitRow & out) {
     const int32_t row = layout.row_of_seq[static_cast<size_t>(seq)];
     if (row < 0) {
         throw Error("device sampling lost the row of sequence " + std::to_string(seq));
@@ -276,7 +294,7 @@ bool LogitReducer::grouped_row(llama_context * ctx, const Layout & layout, llama
     return true;
 }
 
-void LogitReducer::check_blocks(const LogitRow & row) const {
+void DeviceSampling::check_blocks(const LogitRow & row) const {
     const llama_token n_blocks = n_vocab_ / block_;
     if (!std::all_of(row.blocks, row.blocks + kTopBlocks, [&](llama_token b) { return b >= 0 && b < n_blocks; })) {
         throw Error("device sampling got a block index outside the vocabulary back from llama.cpp");

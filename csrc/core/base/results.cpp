@@ -1,0 +1,15 @@
+#include "core/base/results.hpp"
+
+namespace fastpar {
+
+const char * finish_reason_name(FinishReason reason) {
+    switch (reason) {
+        case FinishReason::Stop: return "stop";
+        case FinishReason::Length: return "length";
+        case FinishReason::Error: return "error";
+        case FinishReason::Cancelled: return "cancelled";
+    }
+    return "error";
+}
+
+}  // namespace fastpar
