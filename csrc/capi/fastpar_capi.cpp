@@ -147,8 +147,8 @@ char * dup_string(const std::string & s) {
     return out;
 }
 
-// The C and C++ type of each KIND of fastpar_fields.h: a field of fastpar.h whose type is
-// not its kind's fails to compile here instead of converting wrongly.
+// The C type of each KIND of fastpar_fields.h: a field of fastpar.h whose type is not its
+// kind's fails to compile here instead of converting wrongly.
 #define FASTPAR_C_TYPE_INT32 int32_t
 #define FASTPAR_C_TYPE_INT64 int64_t
 #define FASTPAR_C_TYPE_FLOAT float
