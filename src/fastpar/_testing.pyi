@@ -5,7 +5,7 @@ from __future__ import annotations
 import collections.abc
 import fastpar._core
 import typing
-__all__: list[str] = ['MAX_PADDED_GAP_GPU', 'MIN_POOLED', 'MIN_POOLED_WORK', 'MIN_SHARED_PREFIX', 'MIN_SPLIT', 'PrefixSharing', 'STREAMING_DECODE_WAITS', 'SharingSlot', 'SlotState', 'StepPolicy', 'TextStream', 'UNLIMITED_DECODE_WAITS', 'allowed_sets', 'available_cpus', 'cgroup_cpu_quota', 'choose_way', 'choose_work', 'compare_masks', 'cpu_batch', 'cpus_within', 'device_serves', 'fail_engine_worker', 'generate_with_policy', 'gpu_batch', 'measure_grammar', 'plan_step', 'resolve_step_policy', 'rows_split', 'sample_against_llama', 'set_allowed_sets', 'stress_task_pool', 'thread_governor_decide']
+__all__: list[str] = ['MAX_PADDED_GAP_GPU', 'MIN_POOLED', 'MIN_POOLED_WORK', 'MIN_SHARED_PREFIX', 'MIN_SPLIT', 'PlanInput', 'PrefixSharing', 'STREAMING_DECODE_WAITS', 'SharingView', 'StepPolicy', 'TextStream', 'UNLIMITED_DECODE_WAITS', 'allowed_sets', 'available_cpus', 'cgroup_cpu_quota', 'choose_way', 'choose_work', 'compare_masks', 'cpu_batch', 'cpus_within', 'device_serves', 'fail_engine_worker', 'generate_with_policy', 'gpu_batch', 'measure_grammar', 'plan_step', 'resolve_step_policy', 'rows_split', 'sample_against_llama', 'set_allowed_sets', 'stress_task_pool', 'thread_governor_decide']
 class StepPolicy:
     """
     The step's CPU/GPU choices (core/loop/step_policy.hpp).
@@ -40,7 +40,7 @@ class StepPolicy:
     @property
     def pool_caller_spin_us(self) -> int:
         ...
-class SlotState:
+class PlanInput:
     """
     One slot as the step planner sees it.
     """
@@ -55,7 +55,7 @@ class SlotState:
     @left.setter
     def left(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
         ...
-class SharingSlot:
+class SharingView:
     """
     One slot as prefix sharing sees it.
     """
@@ -91,7 +91,7 @@ class PrefixSharing:
         ...
     def common(self, a: typing.SupportsInt | typing.SupportsIndex, b: typing.SupportsInt | typing.SupportsIndex) -> int:
         ...
-    def decide(self, slots: collections.abc.Sequence[SharingSlot]) -> list[SharingSlot]:
+    def decide(self, slots: collections.abc.Sequence[SharingView]) -> list[SharingView]:
         """
         The slots with waiting, copied, donor and n_fed decided for one step.
         """
@@ -112,9 +112,9 @@ class TextStream:
     @property
     def bytes(self) -> bytes:
         ...
-def allowed_sets() -> bool:
+def allowed_sets(ctx: fastpar._core.Context) -> bool:
     """
-    Whether constrained rows share allowed-token sets.
+    Whether ctx's constrained rows share allowed-token sets.
     """
 def available_cpus() -> int:
     """
@@ -134,7 +134,7 @@ def choose_work(params: fastpar._core.GenerateParams, n_logits: typing.SupportsI
     """
 def compare_masks(model: fastpar._core.Model, params: fastpar._core.GenerateParams, steps: typing.SupportsInt | typing.SupportsIndex, seed: typing.SupportsInt | typing.SupportsIndex, workers: typing.SupportsInt | typing.SupportsIndex = 0) -> dict:
     """
-    Whole masks of the allowed-token sets against llama.cpp's, along a random walk (core/structured/structured.hpp).
+    Whole masks of the allowed-token sets against llama.cpp's, along a random walk (testing/probes.hpp).
     """
 def cpus_within(n_affinity: typing.SupportsInt | typing.SupportsIndex, quota: typing.SupportsFloat | typing.SupportsIndex) -> int:
     """
@@ -142,7 +142,7 @@ def cpus_within(n_affinity: typing.SupportsInt | typing.SupportsIndex, quota: ty
     """
 def device_serves(params: fastpar._core.GenerateParams) -> bool:
     """
-    Whether device sampling may cut this request's rows down (LogitReducer::serves).
+    Whether device sampling may cut this request's rows down (DeviceSampling::serves).
     """
 def fail_engine_worker(engine: fastpar._core.Engine, message: str) -> None:
     """
@@ -154,9 +154,9 @@ def generate_with_policy(ctx: fastpar._core.Context, prompts: collections.abc.Se
     """
 def measure_grammar(model: fastpar._core.Model, params: fastpar._core.GenerateParams, tokens: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex]) -> dict:
     """
-    What a json_schema or grammar constraint costs (core/structured/structured.hpp, measure_grammar).
+    What a json_schema or grammar constraint costs (testing/probes.hpp, measure_grammar).
     """
-def plan_step(slots: collections.abc.Sequence[SlotState], policy: StepPolicy, n_batch: typing.SupportsInt | typing.SupportsIndex, rotation: typing.SupportsInt | typing.SupportsIndex = 0, decode_waits: typing.SupportsInt | typing.SupportsIndex = 0) -> dict:
+def plan_step(slots: collections.abc.Sequence[PlanInput], policy: StepPolicy, n_batch: typing.SupportsInt | typing.SupportsIndex, rotation: typing.SupportsInt | typing.SupportsIndex = 0, decode_waits: typing.SupportsInt | typing.SupportsIndex = 0) -> dict:
     """
     core/loop/step_plan.hpp's plan_step: a dict of n_plan and pad per slot, decode_waits, prompts_first, n_tokens.
     """
@@ -168,12 +168,13 @@ def rows_split(params: fastpar._core.GenerateParams, n_logits: typing.SupportsIn
     """
 def sample_against_llama(params: fastpar._core.GenerateParams, seed: typing.SupportsInt | typing.SupportsIndex, logits: collections.abc.Sequence[typing.SupportsFloat | typing.SupportsIndex], blocks: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], width: typing.SupportsInt | typing.SupportsIndex, draws: typing.SupportsInt | typing.SupportsIndex, split_rows: typing.SupportsInt | typing.SupportsIndex = 0, pool_workers: typing.SupportsInt | typing.SupportsIndex = 0) -> tuple[list[int], list[int]]:
     """
-    Tokens fastpar's host sampling picks next to those llama.cpp's own chain picks (core/sampling/sampling.hpp, sample_against_llama).
+    Tokens fastpar's host sampling picks next to those llama.cpp's own chain picks (testing/probes.hpp, sample_against_llama).
     """
-def set_allowed_sets(on: bool) -> None:
+def set_allowed_sets(ctx: fastpar._core.Context, on: bool) -> None:
     """
-    Whether constrained rows share allowed-token sets by grammar state (on by default; read when
-    a call starts a constrained request). Off: each refusal masks with the row's grammar alone.
+    Whether ctx's constrained rows share allowed-token sets by grammar state (its grammar cache's
+    option, on by default; read when a call starts a constrained request). Off: each refusal masks
+    with the row's grammar alone, the oracle the sets are compared with.
     """
 def stress_task_pool(n_workers: typing.SupportsInt | typing.SupportsIndex, runs: typing.SupportsInt | typing.SupportsIndex, caller_spin_us: typing.SupportsInt | typing.SupportsIndex = 0, anticipate_us: typing.SupportsInt | typing.SupportsIndex = 0) -> int:
     """

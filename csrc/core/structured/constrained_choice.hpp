@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/base/params.hpp"
+#include "core/base/results.hpp"
 #include "core/sampling/sampling.hpp"
 #include "core/structured/grammar_cache.hpp"
 #include "llama.h"
