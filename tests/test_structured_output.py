@@ -63,7 +63,7 @@ def test_invalid_grammar_fails_alone(model):
     bad = params(max_tokens=6, temperature=0.0, grammar='root ::= ( "a" ')
     with fastpar.Engine(model, n_parallel=4, n_ctx_per_seq=256) as engine:
         handles = [engine._engine.submit(f"Word {i}:", bad if i == 3 else good, 0.0) for i in range(8)]
-        out = [h.result(None) for h in handles]
+        out = [h.result(None)[0] for h in handles]  # the core's handle: a list of one sample
     assert out[3].finish_reason == "error" and "grammar does not compile" in out[3].error
     assert out[3].text == ""  # never generated without its grammar
     for i, c in enumerate(out):
@@ -97,7 +97,7 @@ def test_dead_end_errors_that_prompt_only(model):
     fine = params(max_tokens=8, temperature=0.0, grammar='root ::= "ok"')
     with fastpar.Engine(model, n_parallel=2, n_ctx_per_seq=256) as engine:
         handles = [engine._engine.submit("Say:", p, 0.0) for p in (fine, dead, fine)]
-        out = [h.result(None) for h in handles]
+        out = [h.result(None)[0] for h in handles]  # the core's handle: a list of one sample
     assert out[1].finish_reason == "error" and "dead end" in out[1].error and out[1].text == "a"
     assert [out[0].text, out[2].text] == ["ok", "ok"]
 
