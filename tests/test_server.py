@@ -316,19 +316,32 @@ def _rss_kib(pid: int) -> int:
         return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
 
 
-HEALTH_WATCHER = """
-import os, sys, time, httpx
-times = []
-while not os.path.exists(sys.argv[3]):  # the test makes this file when it is done
-    t = time.perf_counter()
-    # A connection of its own each time: a kept-alive one may be closed by the server
-    # while this process waits for a CPU, and its next request would meet a reset.
-    r = httpx.get(sys.argv[1], timeout=30)
-    times.append(time.perf_counter() - t)
-    assert r.status_code == 200, r.status_code
-    time.sleep(0.02)
-open(sys.argv[2], "w").write(" ".join(map(str, times)))
-"""
+def test_health_answers_while_the_engine_is_held(model):
+    # /health never waits on generation: it answers while the engine's thread is held inside
+    # a step (a request's update callback runs on that thread and blocks it here). Waiting
+    # on the engine would leave it unanswered until the release, whatever the machine's speed.
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        held.set()
+        release.wait(120)
+
+    with fastpar.Engine(model, n_parallel=2, n_ctx_per_seq=256) as e, running(create_app(e)) as base:
+        request = e.submit("Count: 1, 2,", max_tokens=40, ignore_eos=True)
+        request.on_update(hold)
+        try:
+            assert held.wait(120), "the request produced no piece"
+            answers = []
+            asker = threading.Thread(target=lambda: answers.append(httpx.get(base + "/health", timeout=120)))
+            asker.start()
+            asker.join(120)
+            assert not request.done() and not release.is_set()
+            assert answers and answers[0].status_code == 200, answers
+            assert answers[0].json()["slots_busy"] == 1
+        finally:
+            release.set()
+        request.on_update(lambda: None)
+        assert request.result().n_gen_tokens == 40
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the server's memory from /proc")
@@ -354,12 +367,6 @@ def test_many_streams_with_clients_leaving(model, tmp_path):
             assert time.monotonic() < deadline, "the server did not become ready"
             time.sleep(0.1)
 
-        # /health polled from a process of its own, so that the GIL of this one (busy with
-        # 64 clients) is not part of what is measured.
-        times_file = tmp_path / "health.txt"
-        stop_file = tmp_path / "health.stop"
-        watcher = subprocess.Popen([sys.executable, "-c", HEALTH_WATCHER, base + "/health", str(times_file),
-                                    str(stop_file)])
         prompts = ["The capital of France is", "def fibonacci(n):\n", "Once upon a time,", "Water boils at",
                    "The best way to learn a language is", "Dear Sir or Madam,"]
 
@@ -401,12 +408,7 @@ def test_many_streams_with_clients_leaving(model, tmp_path):
             await asyncio.sleep(0.5)
             return first, rss1, second, _rss_kib(proc.pid)
 
-        try:
-            first, rss1, second, rss2 = asyncio.run(rounds())
-        finally:
-            stop_file.touch()
-            assert watcher.wait(timeout=60) == 0
-        health_times = sorted(float(x) for x in times_file.read_text().split())
+        first, rss1, second, rss2 = asyncio.run(rounds())
         for tally in (first, second):
             assert not tally.get("errors"), tally["errors"][:3]
             assert tally["done"] + tally["left"] == 256 and tally["left"] > 50
@@ -415,12 +417,6 @@ def test_many_streams_with_clients_leaving(model, tmp_path):
         while (h := httpx.get(base + "/health").json())["slots_busy"] or h["queue_depth"]:
             assert time.monotonic() < deadline, h
             time.sleep(0.05)
-        # /health never waits for generation: 99% of the answers within 100 ms. On a machine
-        # other processes load, the operating system alone holds a process back for longer
-        # now and then (an idle server answered in up to 0.17 s on one): none beyond 1 s.
-        assert len(health_times) > 20, len(health_times)
-        p99, worst = health_times[int(0.99 * len(health_times))], health_times[-1]
-        assert p99 < 0.1 * SLOWDOWN and worst < 1.0 * SLOWDOWN, health_times[-10:]
         if SANITIZER != "asan":
             assert rss2 < rss1 * 1.05, (rss1, rss2)
         m = httpx.get(base + "/metrics").text
