@@ -173,3 +173,79 @@ def test_any_sequence_of_str_is_accepted(model):
         fastpar.generate_parallel(ctx, np.array([prompts, prompts]))  # 2-D
     with pytest.raises(TypeError, match="prompts must be a sequence of str"):
         fastpar.generate_parallel(ctx, "one string")
+
+
+@pytest.mark.parametrize("option, value, match", [
+    ("max_tokens", 10**12, r"^max_tokens must be at most 2147483647, got 1000000000000$"),
+    ("top_k", 2**40, r"^top_k must be at most 2147483647, got 1099511627776$"),
+    ("repeat_last_n", 2**40, r"^repeat_last_n must be at most 2147483647, got 1099511627776$"),
+    ("top_k", -2**40, r"^top_k must be >= 0 \(0 = off\), got -1099511627776$"),
+    ("max_tokens", -2**40, r"^max_tokens must be >= 0, got -1099511627776$"),
+])
+def test_integers_beyond_the_cores_range_are_value_errors_naming_the_option(model, option, value, match):
+    # Once pybind11's "incompatible function arguments ... GenerateParams object at 0x...".
+    with pytest.raises(ValueError, match=match):
+        fastpar.SamplingParams(**{option: value})
+    ctx = fastpar.Context(model, n_parallel=1, n_ctx_per_seq=64)
+    with pytest.raises(ValueError, match=match):
+        fastpar.generate_parallel(ctx, ["hi"], **{option: value})
+    with fastpar.Engine(model, n_parallel=1, n_ctx_per_seq=64) as engine:
+        with pytest.raises(ValueError, match=match):
+            engine.submit("hi", **{option: value})
+
+
+def test_huge_context_and_model_options_are_value_errors(model):
+    for option in ("n_parallel", "n_ctx_per_seq", "n_batch", "n_threads"):
+        with pytest.raises(ValueError, match=f"^{option} must be at most 2147483647, got {2**40}$"):
+            fastpar.Context(model, **{option: 2**40})
+    with pytest.raises(ValueError, match=f"^n_gpu_layers must be at most 2147483647, got {2**40}$"):
+        fastpar.Model(model.path, n_gpu_layers=2**40)
+
+
+# Result records and requests (built by fastpar, never by users) and exceptions keep Python's own errors.
+_RESULTS = {"Completion", "Stats", "EngineStats", "Loglikelihood", "RollingLoglikelihood", "Perplexity", "Request",
+            "EngineClosed", "FastparError", "ModelLoadError", "QueueFull"}
+
+
+def _public_calls():
+    import inspect
+
+    for name in fastpar.__all__:
+        obj = getattr(fastpar, name)
+        if name in _RESULTS or not callable(obj):
+            continue
+        if inspect.isclass(obj):
+            yield name, obj, obj.__init__
+            for attr, member in vars(obj).items():
+                if not attr.startswith("_") and inspect.isfunction(member):
+                    yield f"{name}.{attr}", member, member
+        else:
+            yield name, obj, obj
+
+
+def test_every_public_call_names_the_keyword_meant():
+    # The help generate_parallel gives for a misspelled option, on every public constructor,
+    # function and method: e.g. Context(n_ctx=512) -> "did you mean 'n_ctx_per_seq'?".
+    import inspect
+
+    checked = 0
+    for call, target, signature_of in _public_calls():
+        params = [p for p in inspect.signature(signature_of).parameters.values() if p.name != "self" and
+                  p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        for p in params:
+            if len(p.name) < 4:
+                continue
+            wrong = p.name[:-1]  # the name less its last letter
+            with pytest.raises(TypeError) as info:
+                target(**{wrong: 1})
+            # The first parameter that begins with it (top_ -> top_k, not top_p).
+            meant = next(q.name for q in params if q.name.startswith(wrong))
+            assert str(info.value) == f"{call}() got an unexpected keyword argument '{wrong}'; did you mean " \
+                                      f"'{meant}'?", call
+            checked += 1
+    assert checked > 60
+    for make, meant in [(lambda: fastpar.SamplingParams(max_new_tokens=3), "max_tokens"),
+                        (lambda: fastpar.Context(None, n_ctx=512), "n_ctx_per_seq"),
+                        (lambda: fastpar.Model("x.gguf", n_gpu=1), "n_gpu_layers")]:
+        with pytest.raises(TypeError, match=f"did you mean '{meant}'"):
+            make()

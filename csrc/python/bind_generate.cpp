@@ -35,16 +35,27 @@ std::vector<Completion> generate(Context & ctx, const std::vector<PromptIn> & pr
     for (const auto & in : prompts_in) {
         prompts.push_back(to_prompt(in));
     }
-    // The callback runs on this thread with the GIL taken back; an exception from it ends
-    // the call (everything still running is cancelled) and is re-raised.
+    // The call ends with the first Python error: a Ctrl-C (or another signal handler's
+    // exception) seen between steps, or an exception from the callback. That error is
+    // fetched at once and re-raised when the call returns; from then on the callback is
+    // not called again: the prompts the call cancels on its way out are not results, and
+    // calling Python while an error is pending would lose it.
+    std::optional<py::error_already_set> error;
     std::function<void(size_t, const Completion &)> callback;
     if (on_completion) {
-        callback = [&on_completion](size_t i, const Completion & c) {
+        callback = [&on_completion, &error](size_t i, const Completion & c) {
+            if (error) {
+                return;
+            }
             py::gil_scoped_acquire gil;
-            (*on_completion)(i, c);
+            try {
+                (*on_completion)(i, c);
+            } catch (py::error_already_set & e) {
+                error.emplace(std::move(e));
+                throw Interrupted();
+            }
         };
     }
-    bool signalled = false;
     auto next_poll = std::chrono::steady_clock::now() + kSignalPollInterval;
     auto interrupt = [&]() {
         const auto now = std::chrono::steady_clock::now();
@@ -53,15 +64,17 @@ std::vector<Completion> generate(Context & ctx, const std::vector<PromptIn> & pr
         }
         next_poll = now + kSignalPollInterval;
         py::gil_scoped_acquire gil;
-        signalled = PyErr_CheckSignals() != 0;
-        return signalled;
+        if (PyErr_CheckSignals() != 0) {
+            error.emplace();  // fetches the KeyboardInterrupt (or other) the handler raised
+        }
+        return error.has_value();
     };
     try {
         py::gil_scoped_release nogil;
         return ctx.generate(prompts, params, interrupt, callback);
     } catch (const Interrupted &) {
-        if (signalled) {
-            throw py::error_already_set();  // the KeyboardInterrupt (or other) PyErr_CheckSignals set
+        if (error) {
+            throw *error;
         }
         throw;
     }

@@ -6,7 +6,8 @@ from typing import Any, Callable, List, Optional, Sequence, Union
 
 from . import _core
 from ._model import Model
-from ._options import _CONTEXT_DEFAULTS, SamplingParams, _context_params, _params_list, _with_options
+from ._options import (_CONTEXT_DEFAULTS, SamplingParams, _context_params, _keywords_checked, _params_list,
+                       _with_options)
 from ._prompts import Prompt, _prompts
 
 __all__ = ["Context", "generate_parallel"]
@@ -40,6 +41,7 @@ class Context:
     runs on a GPU (where a first call was measured slower than later ones), else ``False``.
     """
 
+    @_keywords_checked
     def __init__(self, model: Model, *, n_parallel: int = _CONTEXT_DEFAULTS.n_parallel,
                  n_ctx_per_seq: int = _CONTEXT_DEFAULTS.n_ctx_per_seq, n_batch: Optional[int] = None,
                  n_threads: Optional[int] = None, kv_unified: bool = _CONTEXT_DEFAULTS.kv_unified,
@@ -97,6 +99,7 @@ class Context:
                 f"n_batch={self.n_batch}, n_threads={self.n_threads})")
 
 
+@_keywords_checked
 @_with_options
 def generate_parallel(
     ctx: Context,

@@ -7,11 +7,13 @@ thread that owns one context (docs/design.md): requests join free slots as other
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import AsyncIterator, Callable, Iterator, List, Optional, Tuple, Union
 
 from . import _core
 from ._model import Model
-from ._options import _CONTEXT_DEFAULTS, SamplingParams, _context_params, _params_list, _with_options
+from ._options import (_CONTEXT_DEFAULTS, SamplingParams, _context_params, _keywords_checked, _params_list,
+                       _with_options)
 from ._prompts import Prompt, _prompt
 
 __all__ = ["Engine", "Request"]
@@ -19,6 +21,33 @@ __all__ = ["Engine", "Request"]
 #: Requests that may wait for a slot, once every slot is taken, before ``submit`` raises
 #: ``fastpar.QueueFull``.
 DEFAULT_MAX_QUEUED = 1024
+
+
+#: Longest a wait on the engine lasts before Python runs its signal handlers: a Ctrl-C in
+#: ``Request.result()``, an iteration or a blocked ``submit`` is raised within this time (a
+#: wait inside the native call would hold it off until generation ends).
+_WAIT_SLICE_S = 0.1
+
+
+def _interruptible(wait: Callable[[float], object], timeout: Optional[float], on_interrupt: Callable[[], None]):
+    """``wait(seconds)`` (which raises ``TimeoutError`` or ``fastpar.QueueFull`` when that
+    passes) in slices, up to ``timeout`` seconds (None: for ever). An exception raised
+    between slices, a signal handler's (``KeyboardInterrupt``), calls ``on_interrupt`` and
+    propagates."""
+    deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
+    try:
+        while True:
+            left = _WAIT_SLICE_S if deadline is None else min(_WAIT_SLICE_S, max(0.0, deadline - time.monotonic()))
+            try:
+                return wait(left)
+            except (TimeoutError, _core.QueueFull):
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise
+    except (TimeoutError, _core.QueueFull):
+        raise
+    except BaseException:
+        on_interrupt()
+        raise
 
 
 #: What a request streams: text pieces (``str``) with one sample, ``(sample, piece)`` pairs
@@ -36,7 +65,9 @@ class Request:
     with ``n == 1``, the list of ``n`` in sample order otherwise (``completions()`` is
     always that list). Iterating yields the text as it is generated: ``str`` pieces with
     ``n == 1``, ``(sample, piece)`` pairs otherwise, each sample's pieces in order and
-    adding up to its final text; it ends once every sample has finished."""
+    adding up to its final text; it ends once every sample has finished. Leaving the
+    iteration early (``break``, an exception, a Ctrl-C, or dropping the iterator) cancels
+    the request; so does a Ctrl-C while ``result()`` waits."""
 
     def __init__(self, handle: _core.RequestHandle) -> None:
         self._handle = handle
@@ -59,25 +90,29 @@ class Request:
         """Whether every sample has finished."""
         return self._handle.done()
 
+    @_keywords_checked
     def sample_done(self, sample: int) -> bool:
         """Whether sample ``sample`` (0 to ``n - 1``) has finished."""
         return self._handle.sample_done(sample)
 
+    @_keywords_checked
     def result(self, timeout: Optional[float] = None) -> Union[_core.Completion, List[_core.Completion]]:
         """The completion (``n == 1``) or the ``n`` completions in sample order, waiting up
         to ``timeout`` seconds (None: for ever) for all of them; raises ``TimeoutError``.
         Their ``t_queued_ms``, ``t_first_token_ms`` and ``t_total_ms`` are each sample's
         timings from submission."""
-        completions = self._handle.result(timeout)
+        completions = self.completions(timeout)
         return completions[0] if len(completions) == 1 else completions
 
+    @_keywords_checked
     def completions(self, timeout: Optional[float] = None) -> List[_core.Completion]:
         """The ``n`` completions in sample order (a list also when ``n == 1``), as ``result``."""
-        return self._handle.result(timeout)
+        return _interruptible(self._handle.result, timeout, self.cancel)
 
+    @_keywords_checked
     def sample_result(self, sample: int, timeout: Optional[float] = None) -> _core.Completion:
         """Sample ``sample``'s completion, waiting up to ``timeout`` seconds for it alone."""
-        return self._handle.sample_result(sample, timeout)
+        return _interruptible(lambda s: self._handle.sample_result(sample, s), timeout, self.cancel)
 
     def take_pieces(self) -> List[Tuple[int, str]]:
         """Every ``(sample, piece)`` generated since the last take, without waiting (for
@@ -86,6 +121,7 @@ class Request:
         Each piece is delivered once, here or to an iterator."""
         return self._handle.take_pieces()
 
+    @_keywords_checked
     def on_update(self, callback: Callable[[], None]) -> None:
         """Have ``callback()`` called after each new piece and as each sample finishes (at
         once if the request has finished). It runs on the engine's worker thread, holding
@@ -97,11 +133,15 @@ class Request:
 
     def __iter__(self) -> Iterator[Piece]:
         single = self.n == 1
-        while True:
-            piece = self._handle.next_piece(None)
-            if piece is None:
-                return
-            yield piece[1] if single else piece
+        try:
+            while True:
+                piece = _interruptible(self._handle.next_piece, None, self.cancel)
+                if piece is None:
+                    return
+                yield piece[1] if single else piece
+        finally:  # left early: nobody reads the rest
+            if not self.done():
+                self.cancel()
 
     def __repr__(self) -> str:
         return f"fastpar.Request(id={self.id}, n={self.n}, done={self.done()})"
@@ -123,6 +163,7 @@ class Engine:
     the failure's message, and ``submit`` raises ``fastpar.EngineClosed`` naming it.
     """
 
+    @_keywords_checked
     def __init__(self, model: Model, *, n_parallel: int = _CONTEXT_DEFAULTS.n_parallel,
                  n_ctx_per_seq: int = _CONTEXT_DEFAULTS.n_ctx_per_seq, n_batch: Optional[int] = None,
                  n_threads: Optional[int] = None, kv_unified: bool = _CONTEXT_DEFAULTS.kv_unified,
@@ -143,6 +184,7 @@ class Engine:
 
     # -- submitting ---------------------------------------------------------------------
 
+    @_keywords_checked
     @_with_options
     def submit(self, prompt: Prompt, params: Optional[SamplingParams] = None, *, block: bool = False,
                timeout: Optional[float] = None, **options) -> Request:
@@ -163,10 +205,13 @@ class Engine:
                 raise TypeError(f"timeout must be a number of seconds or None, got {type(timeout).__name__}")
             if not timeout >= 0:
                 raise ValueError(f"timeout must be >= 0 seconds or None, got {timeout}")
-        wait = (None if timeout is None else float(timeout)) if block else 0.0
-        return Request(self._engine.submit(_prompt(prompt, "prompt"), _request_params("Engine.submit", params, options),
-                                           wait))
+        prompt, core_params = _prompt(prompt, "prompt"), _request_params("Engine.submit", params, options)
+        if not block:
+            return Request(self._engine.submit(prompt, core_params, 0.0))
+        return Request(_interruptible(lambda s: self._engine.submit(prompt, core_params, s),
+                                      None if timeout is None else float(timeout), lambda: None))
 
+    @_keywords_checked
     @_with_options
     def generate(self, prompt: Prompt, params: Optional[SamplingParams] = None,
                  **options) -> Union[_core.Completion, List[_core.Completion]]:
@@ -177,6 +222,7 @@ class Engine:
     def _submit(self, prompt: Prompt, call: str, params: Optional[SamplingParams], options: dict) -> Request:
         return Request(self._engine.submit(_prompt(prompt, "prompt"), _request_params(call, params, options), 0.0))
 
+    @_keywords_checked
     @_with_options
     async def agenerate(self, prompt: Prompt, params: Optional[SamplingParams] = None,
                         **options) -> Union[_core.Completion, List[_core.Completion]]:
@@ -197,6 +243,7 @@ class Engine:
             if not request.done():
                 request.cancel()
 
+    @_keywords_checked
     @_with_options
     async def astream(self, prompt: Prompt, params: Optional[SamplingParams] = None,
                       **options) -> AsyncIterator[Piece]:

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import List, Union
 
 from . import _core, _openmp
-from ._options import _MODEL_DEFAULTS, _bool, _int
+from ._options import _MODEL_DEFAULTS, _bool, _int, _keywords_checked, _set
 from ._prompts import Message, _messages
 
 __all__ = ["Model"]
@@ -21,12 +21,13 @@ class Model:
     for bad options (e.g. GPU layers in a CPU-only build).
     """
 
+    @_keywords_checked
     def __init__(self, path: Union[str, os.PathLike], *, n_gpu_layers: int = _MODEL_DEFAULTS.n_gpu_layers,
                  use_mmap: bool = _MODEL_DEFAULTS.use_mmap) -> None:
         if not isinstance(path, (str, os.PathLike)):
             raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__}")
         params = _core.ModelParams()
-        params.n_gpu_layers = _int("n_gpu_layers", n_gpu_layers)
+        _set(params, "n_gpu_layers", _int("n_gpu_layers", n_gpu_layers))
         params.use_mmap = _bool("use_mmap", use_mmap)
         self._model = _core.Model(os.fspath(path), params)
         _openmp.settled()  # llama.cpp's CPU backend has started
@@ -64,6 +65,7 @@ class Model:
         bos = self._model.token_bos
         return bos if bos >= 0 else self._model.token_eos
 
+    @_keywords_checked
     def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> List[int]:
         """Token ids of ``text``. With the defaults, as generation feeds a prompt:
         ``add_special`` adds BOS (and EOS) as the vocabulary asks, ``parse_special`` turns
@@ -72,10 +74,12 @@ class Model:
             raise TypeError(f"text must be a str, got {type(text).__name__}")
         return self._model.tokenize(text, _bool("parse_special", parse_special), _bool("add_special", add_special))
 
+    @_keywords_checked
     def token_bytes(self, token: int) -> bytes:
         """The bytes token ``token`` stands for (a piece of a character may be part of one)."""
         return self._model.token_bytes(_int("token", token))
 
+    @_keywords_checked
     def apply_chat_template(self, messages: Sequence[Message]) -> str:
         """``messages`` rendered with the model's own chat template, assistant turn opened."""
         return self._model.apply_chat_template(_messages(messages, "messages"))

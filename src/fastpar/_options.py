@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import inspect
 import json
 import math
@@ -46,19 +47,39 @@ def _bool(name: str, value: object) -> bool:
     return value
 
 
+def _set(params: Any, name: str, value: Any) -> None:
+    """``params.name = value``; an int too large for the core's 32-bit field is a
+    ``ValueError`` naming the option and its range (the core's own rule where it has one)."""
+    try:
+        setattr(params, name, value)
+    except TypeError:
+        if not isinstance(value, int):
+            raise
+        bound = 2**31 - 1 if value > 0 else -2**31
+        rule = f"{name} must be {'at most' if value > 0 else 'at least'} {bound}"
+        if isinstance(params, _core.GenerateParams):
+            probe = _core.GenerateParams()
+            setattr(probe, name, bound)
+            try:
+                probe.validate()
+            except ValueError as e:  # the core's range, e.g. "top_k must be >= 0 (0 = off)"
+                rule = str(e).rsplit(", got", 1)[0]
+        raise ValueError(f"{rule}, got {value}") from None
+
+
 def _context_params(n_parallel: object, n_ctx_per_seq: object, n_batch: object, n_threads: object,
                     kv_unified: object, device_sampling: object = None,
                     share_prefixes: object = _CONTEXT_DEFAULTS.share_prefixes,
                     warmup: object = None) -> _core.ContextParams:
     params = _core.ContextParams()
-    params.n_parallel = _int("n_parallel", n_parallel)
-    params.n_ctx_per_seq = _int("n_ctx_per_seq", n_ctx_per_seq)
-    params.n_batch = _CONTEXT_DEFAULTS.n_batch if n_batch is None else _int("n_batch", n_batch)
-    if n_batch is not None and params.n_batch < 1:
+    _set(params, "n_parallel", _int("n_parallel", n_parallel))
+    _set(params, "n_ctx_per_seq", _int("n_ctx_per_seq", n_ctx_per_seq))
+    if n_batch is not None and _int("n_batch", n_batch) < 1:
         raise ValueError(f"n_batch must be positive (or None for the default), got {n_batch}")
+    _set(params, "n_batch", _CONTEXT_DEFAULTS.n_batch if n_batch is None else n_batch)
     if n_threads is not None and _int("n_threads", n_threads) < 1:
         raise ValueError(f"n_threads must be positive (or None for one per CPU this process may use), got {n_threads}")
-    params.n_threads = _CONTEXT_DEFAULTS.n_threads if n_threads is None else n_threads
+    _set(params, "n_threads", _CONTEXT_DEFAULTS.n_threads if n_threads is None else n_threads)
     params.kv_unified = _bool("kv_unified", kv_unified)
     params.device_sampling = -1 if device_sampling is None else int(_bool("device_sampling", device_sampling))
     params.share_prefixes = _bool("share_prefixes", share_prefixes)
@@ -89,13 +110,43 @@ def _with_options(func: Callable) -> Callable:
     return func
 
 
+def _unknown_keyword(call: str, name: str, known: Sequence[str], listed: Sequence[str]) -> TypeError:
+    """Python's own error for an unknown keyword, with the closest known name: one that
+    begins with it (``n_ctx`` -> ``n_ctx_per_seq``), else a near spelling among ``listed``
+    (the generation options, for a call that takes them); else the ``listed`` names."""
+    close = [k for k in known if len(name) >= 3 and k.startswith(name)][:1]
+    close = close or difflib.get_close_matches(name, listed, n=1)
+    hint = f"; did you mean '{close[0]}'?" if close else f"; the options are {', '.join(listed)}"
+    return TypeError(f"{call}() got an unexpected keyword argument '{name}'{hint}")
+
+
 def _check_names(call: str, options: Dict[str, Any]) -> None:
-    unknown = [name for name in options if name not in _OPTIONS]
-    if unknown:
-        name = unknown[0]
-        close = difflib.get_close_matches(name, _OPTIONS, n=1)
-        hint = f"; did you mean '{close[0]}'?" if close else f"; the options are {', '.join(_OPTIONS)}"
-        raise TypeError(f"{call}() got an unexpected keyword argument '{name}'{hint}")
+    for name in options:
+        if name not in _OPTIONS:
+            raise _unknown_keyword(call, name, list(_OPTIONS), list(_OPTIONS))
+
+
+def _keywords_checked(func: Callable) -> Callable:
+    """Gives ``func`` (a public function, method or ``__init__``) the help that the
+    generation options have: an unknown keyword is a ``TypeError`` naming the closest
+    known one, raised before any work."""
+    sig = inspect.signature(func)
+    known = [name for name, p in sig.parameters.items() if name != "self" and
+             p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)]
+    # A function that takes the generation options lists those when nothing is close.
+    listed = list(_OPTIONS) if set(_OPTIONS) <= set(known) else known
+    accepted = frozenset(known)
+    name = func.__qualname__
+    call = name[:-len(".__init__")] if name.endswith(".__init__") else name
+
+    @functools.wraps(func)
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        for key in kwargs:
+            if key not in accepted:
+                raise _unknown_keyword(call, key, known, listed)
+        return func(*args, **kwargs)
+
+    return checked
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,6 +224,7 @@ class SamplingParams:
         return cls(**options)
 
 
+
 #: How each plain option is checked, by the type of the core's field; the options that are
 #: not a plain number or bool are converted by name in _to_core.
 _CHECKS = {bool: _bool, int: _int, float: _float}
@@ -196,7 +248,7 @@ def _to_core(sp: SamplingParams) -> _core.GenerateParams:
             if value is not None:
                 setattr(params, name, _text(value, name))
         else:
-            setattr(params, name, _CHECKS[type(getattr(_GENERATE_DEFAULTS, name))](name, value))
+            _set(params, name, _CHECKS[type(getattr(_GENERATE_DEFAULTS, name))](name, value))
     params.validate()  # ranges, from the core: ValueError naming the option
     return params
 
@@ -208,6 +260,7 @@ _KEYWORD_TYPES = {"stop": Union[None, str, Sequence[str]], "json_schema": Union[
 _HINTS = typing.get_type_hints(SamplingParams)
 _OPTIONS = {field.name: (field.default, _KEYWORD_TYPES.get(field.name, _HINTS[field.name]))
             for field in dataclasses.fields(SamplingParams)}
+SamplingParams.__init__ = _keywords_checked(SamplingParams.__init__)  # type: ignore[method-assign]
 
 
 def _generate_params(call: str, options: Dict[str, Any]) -> _core.GenerateParams:

@@ -14,6 +14,7 @@ from typing import Callable, List, NamedTuple, Optional, Tuple, Union
 
 from . import _core
 from ._context import Context
+from ._options import _keywords_checked
 from ._prompts import _text
 
 __all__ = ["Loglikelihood", "Perplexity", "RollingLoglikelihood", "loglikelihood", "loglikelihood_rolling",
@@ -201,6 +202,7 @@ def _token_list(value: object, where: str) -> Optional[List[int]]:
     return out
 
 
+@_keywords_checked
 def loglikelihood(ctx: Context, requests: Sequence[Tuple[object, object]], *, progress: bool = False
                   ) -> List[Loglikelihood]:
     """The log-likelihood of each ``(context, continuation)`` pair: a list, in order, of
@@ -250,6 +252,7 @@ def rolling_windows(tokens: List[int], prefix: int, max_len: int) -> List[Tuple[
     return out
 
 
+@_keywords_checked
 def loglikelihood_rolling(ctx: Context, texts: Sequence[str], *, progress: bool = False
                           ) -> List[RollingLoglikelihood]:
     """Each text's whole log-likelihood (lm-evaluation-harness's ``loglikelihood_rolling``):
@@ -288,6 +291,7 @@ def loglikelihood_rolling(ctx: Context, texts: Sequence[str], *, progress: bool 
     return out
 
 
+@_keywords_checked
 def perplexity(ctx: Context, text_or_texts: Union[str, Sequence[str]], *, n_ctx: int = 512,
                progress: bool = False) -> Union[Perplexity, List[Perplexity]]:
     """Perplexity by llama.cpp's ``llama-perplexity`` method (its ``perplexity()``): the
