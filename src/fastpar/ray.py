@@ -1,16 +1,19 @@
 """fastpar on Ray Data: one fastpar engine per actor, in the shape of ``ray.data.llm``.
 
     import ray
+    import fastpar
     from fastpar.ray import FastparProcessorConfig, build_processor
 
-    config = FastparProcessorConfig("model.gguf", n_parallel=16, num_cpus=4, concurrency=8)
+    # 1 actor of 2 CPUs: Ray must find concurrency x num_cpus free CPUs, or the job waits
+    config = FastparProcessorConfig(fastpar.default_model_path(), n_parallel=8, num_cpus=2, concurrency=1)
     processor = build_processor(config, preprocess=lambda row: {
         "messages": [{"role": "user", "content": row["question"]}],
         "sampling_params": {"temperature": 0.0, "max_tokens": 64}})
-    ds = processor(ray.data.read_parquet("questions/"))   # adds generated_text, finish_reason, ...
+    ds = processor(ray.data.from_items([{"question": "What is the capital of France?"}]))
+    print(ds.take_all())   # each row + generated_text, finish_reason, ...
 
-Needs the optional extra: ``pip install 'fastpar[ray]'``. docs/ray.md describes the
-columns, the errors and the shape of ``n > 1``.
+Needs the optional extra: ``pip install 'fastpar[ray]'`` (Python 3.10+). docs/ray.md
+describes the columns, the errors and the shape of ``n > 1``.
 """
 
 from __future__ import annotations
