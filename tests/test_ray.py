@@ -6,6 +6,8 @@ Marked ``ray`` (needs fastpar[ray]); deselect locally with -m "not ray".
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
 import sys
 
@@ -174,21 +176,50 @@ def test_stop_on_error_fails_the_job_with_the_rows_message(ray_cluster, model):
         build_processor(config)(ray.data.from_items(rows)).take_all()
 
 
-def test_config_is_checked_before_any_work():
+def test_config_is_checked_before_any_work(model):
     pytest.importorskip("ray")
     from fastpar.ray import FastparProcessorConfig
 
     with pytest.raises(ValueError, match="min <= max"):
-        FastparProcessorConfig("m.gguf", concurrency=(3, 2))
+        FastparProcessorConfig(model.path, concurrency=(3, 2))
     with pytest.raises(TypeError, match="max_new_tokens"):
-        FastparProcessorConfig("m.gguf", sampling_params={"max_new_tokens": 3})
+        FastparProcessorConfig(model.path, sampling_params={"max_new_tokens": 3})
     with pytest.raises(ValueError, match="batch_size"):
-        FastparProcessorConfig("m.gguf", batch_size=0)
-    config = FastparProcessorConfig("m.gguf", concurrency=[1, 4], num_cpus=2, num_gpus=1)
+        FastparProcessorConfig(model.path, batch_size=0)
+    config = FastparProcessorConfig(model.path, concurrency=[1, 4], num_cpus=2, num_gpus=1)
     kwargs = config._map_batches_kwargs()
     assert (kwargs["compute"].min_size, kwargs["compute"].max_size) == (1, 4)
     assert kwargs["num_cpus"] == 2 and kwargs["num_gpus"] == 1
     assert 8 in (kwargs.get("max_concurrency"), getattr(kwargs["compute"], "max_concurrent_calls_per_actor", None))
+
+
+def test_missing_model_is_refused_when_the_config_is_made(tmp_path, monkeypatch):
+    """A model path that is not a file fails on the driver, naming the path and the way out,
+    not in every actor inside Ray's output; no Ray cluster is needed to see it."""
+    pytest.importorskip("ray")
+    from fastpar.ray import FastparProcessorConfig
+
+    missing = tmp_path / "no-such-model.gguf"
+    with pytest.raises(FileNotFoundError, match=re.escape(repr(str(missing)))) as e:
+        FastparProcessorConfig(str(missing), num_cpus=2)
+    assert "does not exist" in str(e.value) and "check_model_source=False" in str(e.value)
+    with pytest.raises(ValueError, match="is not a file"):
+        FastparProcessorConfig(str(tmp_path))
+
+    # A relative path is taken from the driver's working folder and handed on absolute;
+    # a path object is accepted as its text.
+    model_file = tmp_path / "m.gguf"
+    model_file.write_bytes(b"GGUF")
+    monkeypatch.chdir(tmp_path)
+    for given in ("m.gguf", model_file):
+        source = FastparProcessorConfig(given).model_source
+        assert isinstance(source, str) and os.path.isabs(source) and os.path.samefile(source, model_file)
+
+    # A file only the worker nodes have: not checked, passed on as given.
+    config = FastparProcessorConfig("/models/on-the-workers.gguf", check_model_source=False)
+    assert config.model_source == "/models/on-the-workers.gguf"
+    with pytest.raises(TypeError, match="check_model_source"):
+        FastparProcessorConfig(str(model_file), check_model_source="no")
 
 
 @pytest.mark.filterwarnings("default")

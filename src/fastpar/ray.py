@@ -1,16 +1,19 @@
 """fastpar on Ray Data: one fastpar engine per actor, in the shape of ``ray.data.llm``.
 
     import ray
+    import fastpar
     from fastpar.ray import FastparProcessorConfig, build_processor
 
-    config = FastparProcessorConfig("model.gguf", n_parallel=16, num_cpus=4, concurrency=8)
+    # 1 actor of 2 CPUs: Ray must find concurrency x num_cpus free CPUs, or the job waits
+    config = FastparProcessorConfig(fastpar.default_model_path(), n_parallel=8, num_cpus=2, concurrency=1)
     processor = build_processor(config, preprocess=lambda row: {
         "messages": [{"role": "user", "content": row["question"]}],
         "sampling_params": {"temperature": 0.0, "max_tokens": 64}})
-    ds = processor(ray.data.read_parquet("questions/"))   # adds generated_text, finish_reason, ...
+    ds = processor(ray.data.from_items([{"question": "What is the capital of France?"}]))
+    print(ds.take_all())   # each row + generated_text, finish_reason, ...
 
-Needs the optional extra: ``pip install 'fastpar[ray]'``. docs/ray.md describes the
-columns, the errors and the shape of ``n > 1``.
+Needs the optional extra: ``pip install 'fastpar[ray]'`` (Python 3.10+). docs/ray.md
+describes the columns, the errors and the shape of ``n > 1``.
 """
 
 from __future__ import annotations
@@ -18,13 +21,14 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import inspect
+import os
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 try:
     import ray
     import ray.data
 except ImportError as _e:  # pragma: no cover - exercised only without the extra
-    raise ImportError("fastpar.ray needs Ray Data: pip install 'fastpar[ray]' "
+    raise ImportError("fastpar.ray needs Ray Data: pip install 'fastpar[ray]' (Python 3.10+) "
                       f"(importing ray failed: {_e})") from _e
 
 import fastpar
@@ -57,6 +61,11 @@ class FastparProcessorConfig:
     ``sampling_params``: defaults (a dict of ``fastpar.SamplingParams`` fields, or one
     ``SamplingParams``) that each row's ``sampling_params`` overrides field by field; its
     ``n`` decides the output shape (``n > 1``: list columns, docs/ray.md).
+    ``check_model_source``: ``model_source`` must be a file on this machine (the driver),
+    checked here (``FileNotFoundError``; a folder: ``ValueError``) rather than in every
+    actor, where the error would be buried in Ray's log; a relative path is made absolute.
+    ``False`` when the file exists only on the worker nodes (a driver without their
+    storage, a Ray Client connection): the path goes to the actors as given.
     """
 
     model_source: str
@@ -71,10 +80,28 @@ class FastparProcessorConfig:
     apply_chat_template: bool = True
     should_continue_on_error: bool = True
     sampling_params: Optional[Mapping[str, Any]] = None
+    check_model_source: bool = True
 
     def __post_init__(self) -> None:
-        if not isinstance(self.model_source, str) or not self.model_source:
+        source = self.model_source
+        if isinstance(source, os.PathLike):
+            source = os.fspath(source)
+        if not isinstance(source, str) or not source:
             raise TypeError(f"model_source must be the path of a GGUF file, got {self.model_source!r}")
+        if not isinstance(self.check_model_source, bool):
+            raise TypeError(f"check_model_source must be a bool, got {self.check_model_source!r}")
+        if self.check_model_source:
+            # Each actor loads the model when it starts; a missing file would fail there,
+            # once per actor, inside Ray's own output. Actors may not share the driver's
+            # working directory, so they get the absolute path that was checked.
+            if not os.path.isfile(source):
+                what = "is not a file" if os.path.exists(source) else "does not exist"
+                error = ValueError if os.path.exists(source) else FileNotFoundError
+                raise error(f"model_source {source!r} {what} on this machine (the Ray driver). Give a GGUF path "
+                            "every node can read; if the file exists only on the worker nodes, pass "
+                            "check_model_source=False")
+            source = os.path.abspath(source)
+        object.__setattr__(self, "model_source", source)
         c = self.concurrency
         if isinstance(c, list):
             c = tuple(c)
