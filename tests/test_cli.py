@@ -1,4 +1,5 @@
-"""The command line: the demo names its model, and a user's mistake is one line, not a traceback."""
+"""The command line: the demo names its model, a user's mistake is one line, not a traceback, and
+no option is taken for another one's abbreviation."""
 
 from __future__ import annotations
 
@@ -44,3 +45,23 @@ def test_usage_mistakes_exit_with_status_2():
     run = fastpar_cli("demo", "--n-parallel", "many")
     assert run.returncode == 2 and "Traceback" not in run.stderr
     assert "fastpar demo: error: argument --n-parallel: invalid int value: 'many'" in run.stderr
+
+
+def test_serve_takes_model_as_run_does_and_no_abbreviations(capsys):
+    from fastpar.__main__ import _parse
+
+    assert _parse(["serve", "--model", "m.gguf"]).model == "m.gguf"
+    assert _parse(["serve", "m.gguf"]).model == "m.gguf"
+    assert _parse(["serve", "m.gguf", "--model", "m.gguf"]).model == "m.gguf"
+    assert _parse(["serve", "--model-name", "smol"]).model is None
+    for argv, message in [
+        (["serve", "a.gguf", "--model", "b.gguf"], "two models given: a.gguf and --model b.gguf"),
+        # an abbreviation is an unknown option, never another one's prefix
+        (["serve", "--model-n", "smol"], "unrecognized arguments: --model-n"),
+        (["run", "in.jsonl", "-o", "out.jsonl", "--lim", "3"], "unrecognized arguments: --lim 3"),
+        (["serve", "--shutdown", "3"], "unrecognized arguments: --shutdown"),
+    ]:
+        with pytest.raises(SystemExit) as e:
+            _parse(argv)
+        assert e.value.code == 2, argv
+        assert message in capsys.readouterr().err, argv

@@ -107,10 +107,14 @@ def _engine_options(p: argparse.ArgumentParser, n_ctx_per_seq: int) -> None:
     p.add_argument("--model-name", default=None, help="the model's name in responses (default: the file's name)")
 
 
-def main(argv: Optional[List[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="fastpar", description="Many prompts through one llama.cpp model at once.")
+def _parse(argv: Optional[List[str]]) -> argparse.Namespace:
+    """The command line's arguments; a usage mistake exits with status 2 and one line."""
+    # No abbreviations: `--model` must never be taken for `--model-name`.
+    parser = argparse.ArgumentParser(prog="fastpar", description="Many prompts through one llama.cpp model at once.",
+                                     allow_abbrev=False)
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="answer 8 chat prompts in one call on the default model and print the stats")
+    demo = sub.add_parser("demo", help="answer 8 chat prompts in one call on the default model and print the stats",
+                          allow_abbrev=False)
     demo.add_argument("--model", help="GGUF file (default: the default model, fetched on first use)")
     demo.add_argument("--n-parallel", type=int, default=8)
     demo.add_argument("--n-ctx-per-seq", type=int, default=1024)
@@ -119,8 +123,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     demo.add_argument("--max-tokens", type=int, default=96)
     demo.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     demo.add_argument("--seed", type=int, default=None)
-    serve = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (needs: pip install 'fastpar[server]')")
-    serve.add_argument("model", nargs="?", default=None, help="GGUF file (default: the default model)")
+    serve = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (needs: pip install 'fastpar[server]')",
+                           allow_abbrev=False)
+    serve.add_argument("model_file", nargs="?", default=None, metavar="model",
+                       help="GGUF file (default: the default model)")
+    serve.add_argument("--model", default=None, help="GGUF file, as the positional argument")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
     _engine_options(serve, 4096)
@@ -131,7 +138,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     serve.add_argument("--shutdown-timeout", type=float, default=5.0,
                        help="seconds requests in flight may finish after SIGTERM before they are cancelled")
     serve.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
-    run = sub.add_parser("run", help="answer a file of requests in OpenAI's batch format (resumable)")
+    run = sub.add_parser("run", help="answer a file of requests in OpenAI's batch format (resumable)",
+                         allow_abbrev=False)
     run.add_argument("input", help="JSONL file: one {custom_id, method, url, body} request per line")
     run.add_argument("-o", "--output", required=True,
                      help="JSONL file of results; appended to, and the custom_ids it holds are skipped")
@@ -139,8 +147,17 @@ def main(argv: Optional[List[str]] = None) -> int:
     _engine_options(run, 2048)
     run.add_argument("--limit", type=int, default=None, help="answer at most this many new lines, then stop")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
-    sub.add_parser("version", help="print the version and backend")
-    args = parser.parse_args(argv)  # usage mistakes: one line, exit status 2
+    sub.add_parser("version", help="print the version and backend", allow_abbrev=False)
+    args = parser.parse_args(argv)
+    if args.command == "serve":
+        if args.model is not None and args.model_file is not None and args.model != args.model_file:
+            serve.error(f"two models given: {args.model_file} and --model {args.model}; give one")
+        args.model = args.model if args.model is not None else args.model_file
+    return args
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = _parse(argv)
     if args.command in ("demo", "serve", "run"):
         # A mistake in what the command was given (a missing or unloadable model, a bad
         # option value, a failed download) is one line for the user, not a traceback;
@@ -150,10 +167,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         try:
             return {"demo": _demo, "serve": _serve, "run": _run}[args.command](args)
         except (_CommandError, OSError, ValueError, TypeError, fastpar.FastparError) as e:
-            print(f"{parser.prog}: error: {e}", file=sys.stderr)
+            print(f"fastpar: error: {e}", file=sys.stderr)
             return 1
         except KeyboardInterrupt:
-            print(f"{parser.prog}: interrupted", file=sys.stderr)
+            print("fastpar: interrupted", file=sys.stderr)
             return 130
     import fastpar
 
