@@ -1,5 +1,5 @@
 """The command line: the demo names its model, a user's mistake is one line, not a traceback, and
-no option is taken for another one's abbreviation."""
+no option is taken for another one's abbreviation, and `serve` and `run` share their defaults."""
 
 from __future__ import annotations
 
@@ -65,3 +65,16 @@ def test_serve_takes_model_as_run_does_and_no_abbreviations(capsys):
             _parse(argv)
         assert e.value.code == 2, argv
         assert message in capsys.readouterr().err, argv
+
+
+def test_serve_and_run_share_their_defaults():
+    # One n_ctx_per_seq for both doors (docs/server.md): the same request file behaves the
+    # same through either; the library's Context keeps its own, smaller default.
+    from fastpar.__main__ import _parse
+    from fastpar.server.protocol import N_CTX_PER_SEQ
+
+    serve = _parse(["serve"])
+    run = _parse(["run", "in.jsonl", "-o", "out.jsonl"])
+    for option in ("n_ctx_per_seq", "n_parallel", "n_gpu_layers", "n_threads", "model", "model_name"):
+        assert getattr(serve, option) == getattr(run, option), option
+    assert serve.n_ctx_per_seq == N_CTX_PER_SEQ == 4096

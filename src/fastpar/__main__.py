@@ -98,10 +98,16 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _engine_options(p: argparse.ArgumentParser, n_ctx_per_seq: int) -> None:
+def _engine_options(p: argparse.ArgumentParser) -> None:
+    from fastpar.server.protocol import N_CTX_PER_SEQ
+
     p.add_argument("--n-parallel", type=int, default=8, help="slots: requests generated together (default 8)")
-    p.add_argument("--n-ctx-per-seq", type=int, default=n_ctx_per_seq,
-                   help=f"positions one prompt plus its answer may use (default {n_ctx_per_seq})")
+    # One default for serve and run: both answer OpenAI-format requests of lengths not known
+    # in advance, and a request file behaves the same through either (the library's Context
+    # keeps a smaller default: its user sizes the KV cache for their prompts).
+    p.add_argument("--n-ctx-per-seq", type=int, default=N_CTX_PER_SEQ,
+                   help=f"positions one prompt plus its answer may use; the KV cache holds n-parallel x this "
+                        f"(default {N_CTX_PER_SEQ} in serve and run alike, for requests of any length)")
     p.add_argument("--n-gpu-layers", type=int, default=0, help="-1 = all (needs a CUDA or Metal build)")
     p.add_argument("--n-threads", type=int, default=None)
     p.add_argument("--model-name", default=None, help="the model's name in responses (default: the file's name)")
@@ -130,7 +136,7 @@ def _parse(argv: Optional[List[str]]) -> argparse.Namespace:
     serve.add_argument("--model", default=None, help="GGUF file, as the positional argument")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
-    _engine_options(serve, 4096)
+    _engine_options(serve)
     serve.add_argument("--max-queued", type=int, default=1024,
                        help="requests that may wait for a slot; one more is answered 429 (default 1024)")
     serve.add_argument("--api-key", default=None,
@@ -144,7 +150,7 @@ def _parse(argv: Optional[List[str]]) -> argparse.Namespace:
     run.add_argument("-o", "--output", required=True,
                      help="JSONL file of results; appended to, and the custom_ids it holds are skipped")
     run.add_argument("--model", help="GGUF file (default: the default model, fetched on first use)")
-    _engine_options(run, 2048)
+    _engine_options(run)
     run.add_argument("--limit", type=int, default=None, help="answer at most this many new lines, then stop")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
     sub.add_parser("version", help="print the version and backend", allow_abbrev=False)

@@ -35,8 +35,8 @@ from typing import Any, Callable, Dict, List, Optional, Union
 import fastpar
 from fastpar import Completion, Engine, Request
 
-from .protocol import RETRY_AFTER_S, APIError, Parsed, chunk_logprobs, failure, parse, prompt_failure, prompt_tokens
-from .protocol import response_body, usage
+from .protocol import N_CTX_PER_SEQ, RETRY_AFTER_S, APIError, Parsed, chunk_logprobs, failure, parse, prompt_failure
+from .protocol import prompt_tokens, response_body, usage
 
 __all__ = ["create_app", "serve"]
 
@@ -456,7 +456,7 @@ def create_app(engine: Union[Engine, Callable[[], Engine]], *, model_name: Optio
 
 
 def serve(model: Optional[str] = None, *, host: str = "127.0.0.1", port: int = 8000, n_parallel: int = 8,
-          n_ctx_per_seq: int = 4096, n_gpu_layers: int = 0, n_threads: Optional[int] = None,
+          n_ctx_per_seq: int = N_CTX_PER_SEQ, n_gpu_layers: int = 0, n_threads: Optional[int] = None,
           max_queued: int = 1024, api_key: Optional[str] = None, model_name: Optional[str] = None,
           shutdown_timeout: float = 5.0, log_level: str = "info") -> int:
     """Run the server until SIGTERM or Ctrl-C, then stop accepting, give the requests in

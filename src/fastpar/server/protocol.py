@@ -15,6 +15,12 @@ MAX_N = 128
 MAX_PROMPTS = 1024
 #: Seconds a client should wait after a 429 or 503 before trying again.
 RETRY_AFTER_S = 1
+#: ``n_ctx_per_seq`` of ``fastpar serve`` and ``fastpar run``: both answer OpenAI-format
+#: requests whose lengths are not known in advance, and the same request must behave the
+#: same through either. The library's ``Context`` and ``Engine`` keep the core's smaller
+#: default (the KV cache, ``n_parallel x n_ctx_per_seq`` positions, is allocated up front:
+#: a library user sizes it for their prompts).
+N_CTX_PER_SEQ = 4096
 
 FINISH = {"stop": "stop", "length": "length"}
 
