@@ -1,5 +1,6 @@
-"""The command line: the demo names its model, a user's mistake is one line, not a traceback, and
-no option is taken for another one's abbreviation, and `serve` and `run` share their defaults."""
+"""The command line: the demo names its model; a user's mistake is one line, not a traceback; no
+option is taken for another one's abbreviation; `serve` and `run` check their options before
+they start and share their defaults."""
 
 from __future__ import annotations
 
@@ -78,3 +79,46 @@ def test_serve_and_run_share_their_defaults():
     for option in ("n_ctx_per_seq", "n_parallel", "n_gpu_layers", "n_threads", "model", "model_name"):
         assert getattr(serve, option) == getattr(run, option), option
     assert serve.n_ctx_per_seq == N_CTX_PER_SEQ == 4096
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--n-parallel", "0"], "n_parallel must be between 1 and 256, got 0"),
+    (["--n-ctx-per-seq", "1"], "n_ctx_per_seq must be at least 2"),
+    (["--n-threads", "0"], "n_threads must be positive"),
+    (["--n-gpu-layers", "-2"], "n_gpu_layers must be -1 (all), 0 or positive, got -2"),
+    (["--max-queued", "0"], "max_queued must be >= 1"),
+    (["--port", "70000"], "port must be between 1 and 65535, got 70000"),
+    (["--shutdown-timeout", "-1"], "shutdown_timeout must be a number of seconds >= 0, got -1.0"),
+    (["--model", "/no/such/model.gguf"], "no such model file: /no/such/model.gguf"),
+])
+def test_serve_checks_its_options_before_it_starts(monkeypatch, capsys, args, message):
+    import uvicorn
+
+    from fastpar.__main__ import main
+
+    def started(*a, **k):
+        raise AssertionError("the server started")
+
+    monkeypatch.setattr(uvicorn.Server, "run", started)
+    assert main(["serve", *args]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("fastpar: error: ") and message in err and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--n-parallel", "0"], "n_parallel must be between 1 and 256, got 0"),
+    (["--n-ctx-per-seq", "1"], "n_ctx_per_seq must be at least 2"),
+    (["--model", "/no/such/model.gguf"], "no such model file: /no/such/model.gguf"),
+])
+def test_run_checks_its_options_before_it_loads(monkeypatch, capsys, tmp_path, args, message):
+    from fastpar.__main__ import main
+
+    def loaded(*a, **k):
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr(fastpar, "Model", loaded)
+    src = tmp_path / "in.jsonl"
+    src.write_text("")
+    assert main(["run", str(src), "-o", str(tmp_path / "out.jsonl"), *args]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("fastpar: error: ") and message in err, err

@@ -23,6 +23,21 @@ class _CommandError(Exception):
     """A failure to report in one line."""
 
 
+def _check_engine_options(args: argparse.Namespace) -> None:
+    """The model and context options, by the library's own rules, before anything starts
+    (a model is downloaded or loaded, a port opened): ValueError or TypeError naming the
+    option."""
+    from fastpar._engine import _max_queued
+    from fastpar._options import _CONTEXT_DEFAULTS, _context_params, _model_params
+
+    if args.model is not None and not os.path.isfile(args.model):
+        raise _CommandError(f"no such model file: {args.model}")
+    _model_params(args.n_gpu_layers, True)
+    _context_params(args.n_parallel, args.n_ctx_per_seq, None, args.n_threads, _CONTEXT_DEFAULTS.kv_unified)
+    if getattr(args, "max_queued", None) is not None:
+        _max_queued(args.max_queued)
+
+
 def _demo(args: argparse.Namespace) -> int:
     import fastpar
     from fastpar._models import DEFAULT_MODEL_NAME
@@ -68,8 +83,8 @@ def _serve(args: argparse.Namespace) -> int:
         from fastpar.server import serve
     except ImportError as e:
         raise _CommandError(str(e)) from e
-    if args.model is not None and not os.path.isfile(args.model):
-        raise _CommandError(f"no such model file: {args.model}")
+    _check_engine_options(args)
+    # serve() checks its own options (port, shutdown timeout) before it opens the port.
     return serve(args.model, host=args.host, port=args.port, n_parallel=args.n_parallel,
                  n_ctx_per_seq=args.n_ctx_per_seq, n_gpu_layers=args.n_gpu_layers, n_threads=args.n_threads,
                  max_queued=args.max_queued, api_key=args.api_key or os.environ.get("FASTPAR_API_KEY") or None,
@@ -84,6 +99,7 @@ def _run(args: argparse.Namespace) -> int:
         raise _CommandError(f"no such input file: {args.input}")
     if args.limit is not None and args.limit < 1:
         raise _CommandError(f"--limit must be >= 1, got {args.limit}")
+    _check_engine_options(args)
     try:
         path = args.model or fastpar.default_model_path()
     except RuntimeError as e:  # the download or its checksum failed

@@ -63,6 +63,15 @@ def _context_params(n_parallel: object, n_ctx_per_seq: object, n_batch: object, 
     params.device_sampling = -1 if device_sampling is None else int(_bool("device_sampling", device_sampling))
     params.share_prefixes = _bool("share_prefixes", share_prefixes)
     params.warmup = -1 if warmup is None else int(_bool("warmup", warmup))
+    params.validate()  # ranges, from the core: ValueError naming the option
+    return params
+
+
+def _model_params(n_gpu_layers: object, use_mmap: object) -> _core.ModelParams:
+    params = _core.ModelParams()
+    params.n_gpu_layers = _int("n_gpu_layers", n_gpu_layers)
+    params.use_mmap = _bool("use_mmap", use_mmap)
+    params.validate()
     return params
 
 

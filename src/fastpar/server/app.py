@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import os
 import secrets
 import time
@@ -463,10 +464,20 @@ def serve(model: Optional[str] = None, *, host: str = "127.0.0.1", port: int = 8
     flight up to ``shutdown_timeout`` seconds, cancel the rest and close the engine;
     returns 0, or 1 if the model failed to load. ``model``: a GGUF path (default: the
     default model, fetched on first use). The model loads once the port is open;
-    ``/health`` answers 503 until it has."""
+    ``/health`` answers 503 until it has. A missing model file, a port out of range or a
+    negative ``shutdown_timeout`` raise ``FileNotFoundError`` or ``ValueError`` before
+    anything starts."""
     import signal
 
     import uvicorn
+
+    if model is not None and not os.path.isfile(model):
+        raise FileNotFoundError(f"no such model file: {model}")
+    if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+        raise ValueError(f"port must be between 1 and 65535, got {port!r}")
+    if isinstance(shutdown_timeout, bool) or not isinstance(shutdown_timeout, (int, float)) \
+            or not math.isfinite(shutdown_timeout) or shutdown_timeout < 0:
+        raise ValueError(f"shutdown_timeout must be a number of seconds >= 0, got {shutdown_timeout!r}")
 
     class Server(uvicorn.Server):
         # uvicorn re-raises the signal it stopped on once it has shut down, so the process
