@@ -237,6 +237,9 @@ def test_response_format(client):
     ({"top_logprobs": 2}, "top_logprobs"),
     ({"response_format": {"type": "xml"}}, "response_format"),
     ({"messages": [{"content": "no role"}]}, "messages[0]"),
+    ({"messages": [{"role": "wizard", "content": "Hi"}]}, "messages[0].role"),
+    ({"response_format": {"type": "json_schema"}}, "response_format"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "response_format"),
     ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
 ])
 def test_bad_fields_are_400_naming_them(client, extra, param):
@@ -254,8 +257,25 @@ def test_prompt_too_long_and_bad_json_are_400(url, client):
         assert e.value.code == "context_length_exceeded" and "n_ctx_per_seq=512" in e.value.message
     r = httpx.post(url + "/v1/chat/completions", content=b"{not json", headers={"content-type": "application/json"})
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+    # in a list, the error names the prompt
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="smol", prompt=["Hi", "word " * 2000], max_tokens=4)
+    assert e.value.param == "prompt[1]" and e.value.body["message"].startswith("'prompt[1]': ")
+    assert e.value.code == "context_length_exceeded"
     # none of it disturbed the server
     assert client.completions.create(model="smol", prompt="Hi", max_tokens=2).usage.completion_tokens == 2
+
+
+def test_unknown_paths_get_openai_error_bodies(url, client):
+    r = httpx.get(url + "/v1/nothing")
+    assert r.status_code == 404
+    assert r.json() == {"error": {"message": "no such endpoint: GET /v1/nothing", "type": "invalid_request_error",
+                                  "param": None, "code": "not_found"}}
+    r = httpx.get(url + "/v1/completions")
+    assert r.status_code == 405 and r.json()["error"]["code"] == "method_not_allowed"
+    assert r.headers["allow"] == "POST"
+    with pytest.raises(openai.NotFoundError):
+        client.embeddings.create(model="smol", input="Hi")
 
 
 def test_api_key_and_queue_full(model):

@@ -16,6 +16,7 @@ from __future__ import annotations
 try:
     import prometheus_client
     from starlette.applications import Starlette
+    from starlette.exceptions import HTTPException
     from starlette.requests import Request as HTTPRequest
     from starlette.responses import JSONResponse, Response, StreamingResponse
     from starlette.routing import Route
@@ -302,7 +303,7 @@ def create_app(engine: Union[Engine, Callable[[], Engine]], *, model_name: Optio
                     metrics.requests.labels(name, "client_disconnect").inc()
                     return Response(status_code=499)
                 for k in range(job.n_choices):
-                    bad = prompt_failure(job.choice_result(k), req.param) if job.choice_done(k) else None
+                    bad = prompt_failure(job.choice_result(k), req.choice_param(k)) if job.choice_done(k) else None
                     if bad is not None:
                         job.cancel()
                         gone.cancel()
@@ -337,8 +338,8 @@ def create_app(engine: Union[Engine, Callable[[], Engine]], *, model_name: Optio
             gone.cancel()
         completions = job.completions()
         n_prompt = prompt_tokens(completions, len(req.prompts), req.n)
-        for c in completions:
-            err = failure(c, req.param)
+        for k, c in enumerate(completions):
+            err = failure(c, req.choice_param(k))
             if err is not None:
                 finished(name, t0, completions, n_prompt, "error")
                 return _error(err)
@@ -390,7 +391,7 @@ def create_app(engine: Union[Engine, Callable[[], Engine]], *, model_name: Optio
                         still.append(k)
                         continue
                     c = completions[k] = job.choice_result(k)
-                    err = failure(c, req.param)
+                    err = failure(c, req.choice_param(k))
                     if err is not None:
                         # After the stream began, an error is an "error" event (OpenAI's
                         # clients raise it); the other samples are cancelled.
@@ -451,7 +452,19 @@ def create_app(engine: Union[Engine, Callable[[], Engine]], *, model_name: Optio
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics_endpoint, methods=["GET"]),
     ]
-    app = Starlette(routes=routes, lifespan=lifespan)
+
+    async def http_error(request: HTTPRequest, exc: Exception) -> Response:
+        # An unknown path or method: OpenAI's error body, as every other error.
+        assert isinstance(exc, HTTPException)
+        if exc.status_code == 404:
+            message, code = f"no such endpoint: {request.method} {request.url.path}", "not_found"
+        elif exc.status_code == 405:
+            message, code = f"{request.method} is not allowed on {request.url.path}", "method_not_allowed"
+        else:
+            message, code = str(exc.detail), None
+        return _error(APIError(exc.status_code, message, code=code, headers=exc.headers))
+
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: http_error})
     app.state.fastpar = state
     return app
 

@@ -165,7 +165,8 @@ def run_batch(ctx: fastpar.Context, input_path: str, output_path: str, *, limit:
                     return
                 line = chunk[i]
                 completions = [c for r in results[first[i]:first[i] + len(line.req.prompts)] for c in r]
-                err = next((e for e in (failure(c, line.req.param) for c in completions) if e is not None), None)
+                err = next((e for e in (failure(c, line.req.choice_param(k)) for k, c in enumerate(completions))
+                            if e is not None), None)
                 if err is not None:
                     write(line, err.status, err.body(), None)
                 else:
