@@ -561,7 +561,7 @@ def test_batch_file_interrupted_and_resumed(model, tmp_path):
     assert n_first < 498
 
     rerun = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    assert rerun.returncode == 0, rerun.stderr
+    assert rerun.returncode == 1, rerun.stderr  # two lines failed
     records = [json.loads(x) for x in out.read_text().splitlines()]
     ok = [r for r in records if r["response"] and r["response"]["status_code"] == 200]
     errors = [r for r in records if r["response"] is None or r["response"]["status_code"] != 200]
@@ -572,11 +572,57 @@ def test_batch_file_interrupted_and_resumed(model, tmp_path):
     for r in ok:
         body = r["response"]["body"]
         assert body["usage"]["completion_tokens"] >= 1 and body["choices"][0]["finish_reason"] in ("stop", "length")
-    assert f"already in {out}" in rerun.stderr and "2 failed" not in rerun.stderr.split("\n")[-2]
-    # a third run has nothing left to do
+    # The lines that cannot be read were written first (before any generation), and failed
+    # lines are tried again: already done, the first run's answers.
+    assert f"{498 - (n_first - 2)} answered, 2 failed, {n_first - 2} already in {out}" in rerun.stderr, \
+        (n_first, rerun.stderr)
+    # a third run has nothing left but the two failed lines, which fail again: one record each
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    assert again.returncode == 0 and out.read_text().count("\n") == len(records)
-    assert os.path.getsize(out) > 0
+    assert again.returncode == 1 and out.read_text().count("\n") == len(records)
+    assert again.stderr.splitlines()[-1].startswith(f"0 answered, 2 failed, 498 already in {out}")
+
+
+def _batch_line(custom_id: str, max_tokens: int = 2, **body) -> str:
+    body = {"prompt": f"Say {custom_id}:", "max_tokens": max_tokens, "temperature": 0, **body}
+    return json.dumps({"custom_id": custom_id, "method": "POST", "url": "/v1/completions", "body": body})
+
+
+def _batch_cmd(model, src, out, *options: str) -> list:
+    return [sys.executable, "-m", "fastpar", "run", str(src), "-o", str(out), "--model", model.path,
+            "--n-gpu-layers", str(N_GPU_LAYERS), "--quiet", *options]
+
+
+def _records(out) -> dict:
+    """The output's records by custom_id (asserting one each)."""
+    records = [json.loads(x) for x in out.read_text().splitlines()]
+    by_id = {r["custom_id"]: r for r in records}
+    assert len(by_id) == len(records), [r["custom_id"] for r in records]
+    return by_id
+
+
+def test_batch_failed_lines_are_retried_once_fixed(model, tmp_path):
+    src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    good, bad, broken = _batch_line("a"), _batch_line("b", temperature=-1), '{"custom_id": "c" "body": {}}'
+    src.write_text("\n".join([good, bad, broken]) + "\n")
+    cmd = _batch_cmd(model, src, out, "--n-parallel", "2", "--n-ctx-per-seq", "128")
+    first = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert first.returncode == 1, first.stderr
+    assert first.stderr.splitlines()[-1].startswith(f"1 answered, 2 failed, 0 already in {out}"), first.stderr
+    records = [json.loads(x) for x in out.read_text().splitlines()]
+    assert len(records) == 3
+    errors = {r["error"]["line"]: r["error"]["message"] for r in records if r["error"]}
+    assert "temperature" in errors[2]
+    # the line of the file, and the column within it (not the JSON parser's "line 1")
+    assert errors[3] == "line 3 of in.jsonl is not valid JSON: Expecting ',' delimiter at column 19"
+
+    # fixed, under the same custom_ids: answered, each once in the output
+    src.write_text("\n".join([good, _batch_line("b"), _batch_line("c")]) + "\n")
+    rerun = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr
+    assert rerun.stderr.splitlines()[-1] == f"2 answered, 0 failed, 1 already in {out}", rerun.stderr
+    by_id = _records(out)
+    assert sorted(by_id) == ["a", "b", "c"]
+    assert all(r["error"] is None and r["response"]["status_code"] == 200 for r in by_id.values()), by_id
 
 
 # -- a client nobody here wrote: lm-evaluation-harness ---------------------------------------------

@@ -109,9 +109,13 @@ def _run(args: argparse.Namespace) -> int:
                           n_threads=args.n_threads)
     name = args.model_name or os.path.splitext(os.path.basename(path))[0]
     counts = run_batch(ctx, args.input, args.output, limit=args.limit, progress=not args.quiet, model_name=name)
-    print(f"{counts['answered']} answered, {counts['failed']} failed, {counts['skipped']} already in "
-          f"{args.output}", file=sys.stderr)
-    return 0
+    summary = f"{counts['answered']} answered, {counts['failed']} failed, {counts['skipped']} already in {args.output}"
+    if counts["left"]:
+        summary += f"; {counts['left']} left: rerun the same command to go on"
+    if counts["failed"]:
+        summary += f"; the failed lines' errors are in {args.output}, and a rerun tries them again"
+    print(summary, file=sys.stderr)
+    return 1 if counts["failed"] else 0
 
 
 def _engine_options(p: argparse.ArgumentParser) -> None:
@@ -164,7 +168,8 @@ def _parse(argv: Optional[List[str]]) -> argparse.Namespace:
                          allow_abbrev=False)
     run.add_argument("input", help="JSONL file: one {custom_id, method, url, body} request per line")
     run.add_argument("-o", "--output", required=True,
-                     help="JSONL file of results; appended to, and the custom_ids it holds are skipped")
+                     help="JSONL file of results; appended to: the custom_ids it answers are skipped, "
+                          "its failed lines are tried again")
     run.add_argument("--model", help="GGUF file (default: the default model, fetched on first use)")
     _engine_options(run)
     run.add_argument("--limit", type=int, default=None, help="answer at most this many new lines, then stop")
