@@ -625,6 +625,47 @@ def test_batch_failed_lines_are_retried_once_fixed(model, tmp_path):
     assert all(r["error"] is None and r["response"]["status_code"] == 200 for r in by_id.values()), by_id
 
 
+def test_batch_interrupted_by_ctrl_c_keeps_only_finished_lines(model, tmp_path):
+    src, out, log = tmp_path / "in.jsonl", tmp_path / "out.jsonl", tmp_path / "first.log"
+    ids = [f"r{i}" for i in range(16)]
+    # Two slots and 32 tokens each: eight waves, still running when the first lines are in.
+    src.write_text("".join(_batch_line(i, max_tokens=32, ignore_eos=True) + "\n" for i in ids))
+    cmd = _batch_cmd(model, src, out, "--n-parallel", "2", "--n-ctx-per-seq", "64")
+    with open(log, "w") as err:
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err)
+    try:
+        deadline = time.monotonic() + 120
+        while not (out.exists() and b"\n" in out.read_bytes()):
+            assert proc.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, "no line was answered"
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGINT)
+        status = proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    # Only finished answers were written, never a line the interrupt cut short.
+    first = _records(out)
+    assert 0 < len(first) < len(ids)
+    for r in first.values():
+        assert r["response"]["status_code"] == 200, r
+        assert r["response"]["body"]["choices"][0]["finish_reason"] == "length", r
+    text = log.read_text()
+    assert "Traceback" not in text, text
+    assert status == 130, text
+    assert text.splitlines()[-1] == (f"fastpar: interrupted: {len(first)} answered, 0 failed, {len(ids) - len(first)} "
+                                     "left; rerun the same command to finish"), text
+
+    rerun = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr
+    assert rerun.stderr.splitlines()[-1] == f"{len(ids) - len(first)} answered, 0 failed, {len(first)} already in {out}"
+    by_id = _records(out)
+    assert sorted(by_id) == sorted(ids)
+    assert all(r["response"]["status_code"] == 200 for r in by_id.values())
+    assert all(by_id[i] == first[i] for i in first)  # kept as they were
+
+
 # -- a client nobody here wrote: lm-evaluation-harness ---------------------------------------------
 
 def test_lm_eval_harness_local_completions(url, engine, tmp_path, monkeypatch):

@@ -93,7 +93,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     import fastpar
-    from fastpar.server.batch import run_batch
+    from fastpar.server.batch import BatchInterrupted, run_batch
 
     if not os.path.isfile(args.input):
         raise _CommandError(f"no such input file: {args.input}")
@@ -108,7 +108,14 @@ def _run(args: argparse.Namespace) -> int:
     ctx = fastpar.Context(model, n_parallel=args.n_parallel, n_ctx_per_seq=args.n_ctx_per_seq,
                           n_threads=args.n_threads)
     name = args.model_name or os.path.splitext(os.path.basename(path))[0]
-    counts = run_batch(ctx, args.input, args.output, limit=args.limit, progress=not args.quiet, model_name=name)
+    try:
+        counts = run_batch(ctx, args.input, args.output, limit=args.limit, progress=not args.quiet,
+                           model_name=name)
+    except BatchInterrupted as e:
+        c = e.counts
+        print(f"fastpar: interrupted: {c['answered']} answered, {c['failed']} failed, {c['left']} left; "
+              "rerun the same command to finish", file=sys.stderr)
+        return 130
     summary = f"{counts['answered']} answered, {counts['failed']} failed, {counts['skipped']} already in {args.output}"
     if counts["left"]:
         summary += f"; {counts['left']} left: rerun the same command to go on"

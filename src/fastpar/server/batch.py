@@ -7,7 +7,9 @@ Each input line is ``{"custom_id", "method": "POST", "url": "/v1/chat/completion
 line's prompts are done, so an interrupted run loses nothing it finished. The output holds
 one record per line: a rerun skips the ``custom_id``s answered (status 200) and tries the
 failed lines again, first rewriting the output without their records. A line that cannot
-be read becomes that line's error (``response: null``), never the file's.
+be read becomes that line's error (``response: null``), never the file's. A line is
+written only once it is finished: one cut short by an interrupt (Ctrl-C cancels the
+``generate_parallel`` call) is left for the rerun.
 """
 
 from __future__ import annotations
@@ -27,6 +29,15 @@ URLS = {"/v1/chat/completions": True, "/v1/completions": False}
 #: Lines given to one generate_parallel call: enough to keep every slot busy, few enough
 #: that the prompts of a huge file are not all held at once.
 CHUNK_LINES = 2048
+
+
+class BatchInterrupted(KeyboardInterrupt):
+    """Ctrl-C stopped ``run_batch``; ``counts`` as it returns them, the unfinished lines
+    (none of them written) in ``left``."""
+
+    def __init__(self, counts: Dict[str, int]) -> None:
+        super().__init__()
+        self.counts = counts
 
 
 class _Line:
@@ -118,7 +129,8 @@ def run_batch(ctx: fastpar.Context, input_path: str, output_path: str, *, limit:
     to it; the records of failed lines are dropped and those lines tried again); ``limit``:
     at most that many lines this time. Returns counts: answered (status 200), failed (an
     error, a status other than 200), skipped (answered before), left (not done: beyond
-    ``limit``)."""
+    ``limit``). Ctrl-C raises ``BatchInterrupted`` holding the counts so far; the lines it
+    cut short are not written."""
     done = _read_done(output_path)
     counts = {"answered": 0, "failed": 0, "skipped": 0, "left": 0}
     todo: List[_Line] = []
@@ -136,7 +148,10 @@ def run_batch(ctx: fastpar.Context, input_path: str, output_path: str, *, limit:
             continue
         todo.append(line)
     counts["left"] += len(todo)
-    _answer(ctx, todo, output_path, counts, progress, model_name)
+    try:
+        _answer(ctx, todo, output_path, counts, progress, model_name)
+    except KeyboardInterrupt:
+        raise BatchInterrupted(counts) from None
     return counts
 
 
@@ -196,6 +211,8 @@ def _answer(ctx: fastpar.Context, todo: List[_Line], output_path: str, counts: D
                     return
                 line = chunk[i]
                 completions = [c for r in results[first[i]:first[i] + len(line.req.prompts)] for c in r]
+                if any(c.finish_reason == "cancelled" for c in completions):
+                    return  # cut short (Ctrl-C): not an answer, left for the rerun
                 err = next((e for e in (failure(c, line.req.choice_param(k)) for k, c in enumerate(completions))
                             if e is not None), None)
                 if err is not None:
