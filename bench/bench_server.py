@@ -14,6 +14,11 @@ Workloads (CPU): W1 the speed model (Qwen3-0.6B shape, Q4_K_M), 8 users, 32-toke
 model, chat messages of mixed lengths (16-400 tokens) and answers (8-96 tokens), 8 users.
 --gpu: every layer on the GPU, the speed model with 64 and 256 users (as many slots).
 
+While a load runs, a thread of the bench GETs each server's /health every 50 ms (a new
+connection each time, as a load balancer's probe): its latency, p50 and p99, is how long
+a probe waits while every slot generates (fastpar's /health never waits on generation; a
+unit test holds that property, these are its figures).
+
 The workloads of one prompt length and one answer length also get a ceiling: raw llama.cpp
 (llama-batched-bench, same build, model, threads and slots) decoding one lockstep wave of
 that shape, with no requests arriving, no HTTP and no tokenizing: what a server built on
@@ -37,6 +42,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import threading
 import time
 
 import fastpar
@@ -107,6 +113,36 @@ def body_of(req: dict) -> dict:
     return b
 
 
+class HealthProbe:
+    """GETs `base`/health every `interval` seconds on a thread of its own while in a `with`
+    block; `latencies` in seconds (a failed probe counts as None)."""
+
+    def __init__(self, base: str, interval: float = 0.05) -> None:
+        self.base, self.interval = base, interval
+        self.latencies: list = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        with httpx.Client(timeout=60, limits=httpx.Limits(max_keepalive_connections=0)) as client:
+            while not self.stop.is_set():
+                t0 = time.perf_counter()
+                try:
+                    ok = client.get(self.base + "/health").status_code == 200
+                except httpx.HTTPError:
+                    ok = False
+                self.latencies.append(time.perf_counter() - t0 if ok else None)
+                self.stop.wait(self.interval)
+
+    def __enter__(self) -> "HealthProbe":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.thread.join()
+
+
 async def http_load(url: str, requests: list, users: int) -> dict:
     # A new connection for every request, to both servers: llama-server (cpp-httplib) closes
     # a kept-alive connection after a few requests, and a request sent on it just then fails
@@ -139,8 +175,10 @@ async def http_load(url: str, requests: list, users: int) -> dict:
                 ttfts.append(first if first is not None else time.perf_counter() - t0)
 
         t0 = time.perf_counter()
-        await asyncio.gather(*(user() for _ in range(users)))
-        return dict(wall=time.perf_counter() - t0, gen=gen[0], prompt=prompt[0], ttfts=ttfts)
+        with HealthProbe(url[:-len("/v1")]) as probe:
+            await asyncio.gather(*(user() for _ in range(users)))
+        return dict(wall=time.perf_counter() - t0, gen=gen[0], prompt=prompt[0], ttfts=ttfts,
+                    health=probe.latencies)
 
 
 async def engine_load(engine: fastpar.Engine, requests: list, users: int) -> dict:
@@ -284,8 +322,14 @@ def main() -> int:
                             print(f"  {who}: failed: {failed[who]}", flush=True)
                             continue
                         runs.setdefault(who, []).append(r)
+                        health = ""
+                        if "health" in r:
+                            ok = [x for x in r["health"] if x is not None]
+                            health = (f", /health p50 {percentile(ok, 0.5) * 1000:.1f} ms p99 "
+                                      f"{percentile(ok, 0.99) * 1000:.1f} ms ({len(r['health']) - len(ok)} failed)"
+                                      if ok else ", /health never answered")
                         print(f"  {who}: {r['gen'] / r['wall']:.1f} gen tok/s, TTFT p50 "
-                              f"{percentile(r['ttfts'], 0.5) * 1000:.0f} ms", flush=True)
+                              f"{percentile(r['ttfts'], 0.5) * 1000:.0f} ms{health}", flush=True)
         finally:
             for s in servers.values():
                 s.close()
@@ -297,6 +341,12 @@ def main() -> int:
             summary[who] = dict(gen_s=med["gen"] / med["wall"], tot_s=(med["gen"] + med["prompt"]) / med["wall"],
                                 p50=percentile(med["ttfts"], 0.5), p99=percentile(med["ttfts"], 0.99),
                                 all=[r["gen"] / r["wall"] for r in rs])
+            if "health" in med:  # every probe of every repetition
+                probes = [x for r in rs for x in r["health"]]
+                ok = [x for x in probes if x is not None]
+                summary[who].update(health_p50=percentile(ok, 0.5) if ok else None,
+                                    health_p99=percentile(ok, 0.99) if ok else None,
+                                    health_failed=len(probes) - len(ok), health_n=len(probes))
         best_llama = max((w for w in summary if w.startswith("llama-server")), key=lambda w: summary[w]["gen_s"])
         if name in LOCKSTEP:
             summary[RAW] = lockstep_ceiling(tools, path, users, LOCKSTEP[name], args.reps, args.threads)
@@ -322,14 +372,25 @@ def main() -> int:
              "HTTP / in-process: fastpar serve against the Engine in the bench process on the same load, "
              "paired. "
              "Ceiling: raw llama.cpp (llama-batched-bench) decoding all the slots' prompts and answers of the "
-             "workload's shape as one lockstep wave, median of as many runs.", "",
+             "workload's shape as one lockstep wave, median of as many runs. "
+             "/health: GET /health every 50 ms during the load, on a new connection each time, from a thread of "
+             "the bench; p50 and p99 over every repetition's probes (failed probes, if any, are counted apart).",
+             "",
              "| workload | users | requests | server | gen tok/s | total tok/s | TTFT p50 ms | TTFT p99 ms "
-             "| x llama-server | paired | HTTP / in-process | runs (gen tok/s) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| /health p50 ms | /health p99 ms | x llama-server | paired | HTTP / in-process | runs (gen tok/s) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, users, n_req, who, s, ratio, http_ratio, best in rows:
         ttft = "| | |" if who == RAW else f"| {s['p50'] * 1000:.0f} | {s['p99'] * 1000:.0f} |"
+        if s.get("health_p50") is not None:
+            health = f" {s['health_p50'] * 1000:.1f} | {s['health_p99'] * 1000:.1f} |"
+        elif "health_n" in s:
+            health = " never answered | |"
+        else:
+            health = " | |"
+        if s.get("health_failed"):
+            notes.append(f"{name}: {who}: {s['health_failed']} of {s['health_n']} /health probes failed")
         lines.append(f"| {name} | {users} | {n_req} | {who}{' *' if best else ''} | {s['gen_s']:.1f} | "
-                     f"{s['tot_s']:.1f} {ttft} {ratio:.2f} | "
+                     f"{s['tot_s']:.1f} {ttft}{health} {ratio:.2f} | "
                      f"{'' if s.get('paired') is None else format(s['paired'], '.2f')} | "
                      f"{'' if http_ratio is None else f'{http_ratio:.2f}'} | "
                      f"{', '.join(f'{x:.1f}' for x in s['all'])} |")

@@ -1,4 +1,6 @@
-"""The command line: the demo names its model, and a user's mistake is one line, not a traceback."""
+"""The command line: the demo names its model; a user's mistake is one line, not a traceback; no
+option is taken for another one's abbreviation; `serve` and `run` check their options before
+they start and share their defaults."""
 
 from __future__ import annotations
 
@@ -44,3 +46,79 @@ def test_usage_mistakes_exit_with_status_2():
     run = fastpar_cli("demo", "--n-parallel", "many")
     assert run.returncode == 2 and "Traceback" not in run.stderr
     assert "fastpar demo: error: argument --n-parallel: invalid int value: 'many'" in run.stderr
+
+
+def test_serve_takes_model_as_run_does_and_no_abbreviations(capsys):
+    from fastpar.__main__ import _parse
+
+    assert _parse(["serve", "--model", "m.gguf"]).model == "m.gguf"
+    assert _parse(["serve", "m.gguf"]).model == "m.gguf"
+    assert _parse(["serve", "m.gguf", "--model", "m.gguf"]).model == "m.gguf"
+    assert _parse(["serve", "--model-name", "smol"]).model is None
+    for argv, message in [
+        (["serve", "a.gguf", "--model", "b.gguf"], "two models given: a.gguf and --model b.gguf"),
+        # an abbreviation is an unknown option, never another one's prefix
+        (["serve", "--model-n", "smol"], "unrecognized arguments: --model-n"),
+        (["run", "in.jsonl", "-o", "out.jsonl", "--lim", "3"], "unrecognized arguments: --lim 3"),
+        (["serve", "--shutdown", "3"], "unrecognized arguments: --shutdown"),
+    ]:
+        with pytest.raises(SystemExit) as e:
+            _parse(argv)
+        assert e.value.code == 2, argv
+        assert message in capsys.readouterr().err, argv
+
+
+def test_serve_and_run_share_their_defaults():
+    # One n_ctx_per_seq for both doors (docs/server.md): the same request file behaves the
+    # same through either; the library's Context keeps its own, smaller default.
+    from fastpar.__main__ import _parse
+    from fastpar.server.protocol import N_CTX_PER_SEQ
+
+    serve = _parse(["serve"])
+    run = _parse(["run", "in.jsonl", "-o", "out.jsonl"])
+    for option in ("n_ctx_per_seq", "n_parallel", "n_gpu_layers", "n_threads", "model", "model_name"):
+        assert getattr(serve, option) == getattr(run, option), option
+    assert serve.n_ctx_per_seq == N_CTX_PER_SEQ == 4096
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--n-parallel", "0"], "n_parallel must be between 1 and 256, got 0"),
+    (["--n-ctx-per-seq", "1"], "n_ctx_per_seq must be at least 2"),
+    (["--n-threads", "0"], "n_threads must be positive"),
+    (["--n-gpu-layers", "-2"], "n_gpu_layers must be -1 (all), 0 or positive, got -2"),
+    (["--max-queued", "0"], "max_queued must be >= 1"),
+    (["--port", "70000"], "port must be between 1 and 65535, got 70000"),
+    (["--shutdown-timeout", "-1"], "shutdown_timeout must be a number of seconds >= 0, got -1.0"),
+    (["--model", "/no/such/model.gguf"], "no such model file: /no/such/model.gguf"),
+])
+def test_serve_checks_its_options_before_it_starts(monkeypatch, capsys, args, message):
+    import uvicorn
+
+    from fastpar.__main__ import main
+
+    def started(*a, **k):
+        raise AssertionError("the server started")
+
+    monkeypatch.setattr(uvicorn.Server, "run", started)
+    assert main(["serve", *args]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("fastpar: error: ") and message in err and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--n-parallel", "0"], "n_parallel must be between 1 and 256, got 0"),
+    (["--n-ctx-per-seq", "1"], "n_ctx_per_seq must be at least 2"),
+    (["--model", "/no/such/model.gguf"], "no such model file: /no/such/model.gguf"),
+])
+def test_run_checks_its_options_before_it_loads(monkeypatch, capsys, tmp_path, args, message):
+    from fastpar.__main__ import main
+
+    def loaded(*a, **k):
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr(fastpar, "Model", loaded)
+    src = tmp_path / "in.jsonl"
+    src.write_text("")
+    assert main(["run", str(src), "-o", str(tmp_path / "out.jsonl"), *args]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("fastpar: error: ") and message in err, err

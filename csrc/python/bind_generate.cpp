@@ -118,6 +118,9 @@ void register_generate(py::module_ & m) {
         py::class_<ContextParams> options(m, "ContextParams", "Options of a context; defaults are fastpar's.");
         options.def(py::init<>());
         FASTPAR_CONTEXT_FIELDS(FASTPAR_PY_OPTION)
+        // The ranges, without a model: a command line checks its options before it starts.
+        options.def("validate", [](const ContextParams & p) { validate(p); },
+                    "Raises ValueError naming the first option out of range.");
     }
     {
         py::class_<GenerateParams> options(m, "GenerateParams", "Options of a generate call; defaults are fastpar's.");

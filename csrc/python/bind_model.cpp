@@ -2,6 +2,7 @@
 
 #include "core/loop/engine.hpp"
 #include "core/base/errors.hpp"
+#include "core/base/params.hpp"
 #include "core/model/model.hpp"
 #include "python/module.hpp"
 
@@ -52,6 +53,8 @@ void register_model(py::module_ & m) {
         py::class_<ModelParams> options(m, "ModelParams", "Options of a model load; defaults are fastpar's.");
         options.def(py::init<>());
         FASTPAR_MODEL_FIELDS(FASTPAR_PY_OPTION)
+        options.def("validate", [](const ModelParams & p) { validate(p); },
+                    "Raises ValueError naming the first option out of range.");
     }
 
     // Before Model, whose apply_chat_template takes it: a signature names only the types

@@ -23,6 +23,21 @@ class _CommandError(Exception):
     """A failure to report in one line."""
 
 
+def _check_engine_options(args: argparse.Namespace) -> None:
+    """The model and context options, by the library's own rules, before anything starts
+    (a model is downloaded or loaded, a port opened): ValueError or TypeError naming the
+    option."""
+    from fastpar._engine import _max_queued
+    from fastpar._options import _CONTEXT_DEFAULTS, _context_params, _model_params
+
+    if args.model is not None and not os.path.isfile(args.model):
+        raise _CommandError(f"no such model file: {args.model}")
+    _model_params(args.n_gpu_layers, True)
+    _context_params(args.n_parallel, args.n_ctx_per_seq, None, args.n_threads, _CONTEXT_DEFAULTS.kv_unified)
+    if getattr(args, "max_queued", None) is not None:
+        _max_queued(args.max_queued)
+
+
 def _demo(args: argparse.Namespace) -> int:
     import fastpar
     from fastpar._models import DEFAULT_MODEL_NAME
@@ -68,8 +83,8 @@ def _serve(args: argparse.Namespace) -> int:
         from fastpar.server import serve
     except ImportError as e:
         raise _CommandError(str(e)) from e
-    if args.model is not None and not os.path.isfile(args.model):
-        raise _CommandError(f"no such model file: {args.model}")
+    _check_engine_options(args)
+    # serve() checks its own options (port, shutdown timeout) before it opens the port.
     return serve(args.model, host=args.host, port=args.port, n_parallel=args.n_parallel,
                  n_ctx_per_seq=args.n_ctx_per_seq, n_gpu_layers=args.n_gpu_layers, n_threads=args.n_threads,
                  max_queued=args.max_queued, api_key=args.api_key or os.environ.get("FASTPAR_API_KEY") or None,
@@ -78,12 +93,13 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     import fastpar
-    from fastpar.server.batch import run_batch
+    from fastpar.server.batch import BatchInterrupted, run_batch
 
     if not os.path.isfile(args.input):
         raise _CommandError(f"no such input file: {args.input}")
     if args.limit is not None and args.limit < 1:
         raise _CommandError(f"--limit must be >= 1, got {args.limit}")
+    _check_engine_options(args)
     try:
         path = args.model or fastpar.default_model_path()
     except RuntimeError as e:  # the download or its checksum failed
@@ -92,25 +108,46 @@ def _run(args: argparse.Namespace) -> int:
     ctx = fastpar.Context(model, n_parallel=args.n_parallel, n_ctx_per_seq=args.n_ctx_per_seq,
                           n_threads=args.n_threads)
     name = args.model_name or os.path.splitext(os.path.basename(path))[0]
-    counts = run_batch(ctx, args.input, args.output, limit=args.limit, progress=not args.quiet, model_name=name)
-    print(f"{counts['answered']} answered, {counts['failed']} failed, {counts['skipped']} already in "
-          f"{args.output}", file=sys.stderr)
-    return 0
+    try:
+        counts = run_batch(ctx, args.input, args.output, limit=args.limit, progress=not args.quiet,
+                           model_name=name)
+    except BatchInterrupted as e:
+        c = e.counts
+        print(f"fastpar: interrupted: {c['answered']} answered, {c['failed']} failed, {c['left']} left; "
+              "rerun the same command to finish", file=sys.stderr)
+        return 130
+    summary = f"{counts['answered']} answered, {counts['failed']} failed, {counts['skipped']} already in {args.output}"
+    if counts["left"]:
+        summary += f"; {counts['left']} left: rerun the same command to go on"
+    if counts["failed"]:
+        summary += f"; the failed lines' errors are in {args.output}, and a rerun tries them again"
+    print(summary, file=sys.stderr)
+    return 1 if counts["failed"] else 0
 
 
-def _engine_options(p: argparse.ArgumentParser, n_ctx_per_seq: int) -> None:
+def _engine_options(p: argparse.ArgumentParser) -> None:
+    from fastpar.server.protocol import N_CTX_PER_SEQ
+
     p.add_argument("--n-parallel", type=int, default=8, help="slots: requests generated together (default 8)")
-    p.add_argument("--n-ctx-per-seq", type=int, default=n_ctx_per_seq,
-                   help=f"positions one prompt plus its answer may use (default {n_ctx_per_seq})")
+    # One default for serve and run: both answer OpenAI-format requests of lengths not known
+    # in advance, and a request file behaves the same through either (the library's Context
+    # keeps a smaller default: its user sizes the KV cache for their prompts).
+    p.add_argument("--n-ctx-per-seq", type=int, default=N_CTX_PER_SEQ,
+                   help=f"positions one prompt plus its answer may use; the KV cache holds n-parallel x this "
+                        f"(default {N_CTX_PER_SEQ} in serve and run alike, for requests of any length)")
     p.add_argument("--n-gpu-layers", type=int, default=0, help="-1 = all (needs a CUDA or Metal build)")
     p.add_argument("--n-threads", type=int, default=None)
     p.add_argument("--model-name", default=None, help="the model's name in responses (default: the file's name)")
 
 
-def main(argv: Optional[List[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="fastpar", description="Many prompts through one llama.cpp model at once.")
+def _parse(argv: Optional[List[str]]) -> argparse.Namespace:
+    """The command line's arguments; a usage mistake exits with status 2 and one line."""
+    # No abbreviations: `--model` must never be taken for `--model-name`.
+    parser = argparse.ArgumentParser(prog="fastpar", description="Many prompts through one llama.cpp model at once.",
+                                     allow_abbrev=False)
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="answer 8 chat prompts in one call on the default model and print the stats")
+    demo = sub.add_parser("demo", help="answer 8 chat prompts in one call on the default model and print the stats",
+                          allow_abbrev=False)
     demo.add_argument("--model", help="GGUF file (default: the default model, fetched on first use)")
     demo.add_argument("--n-parallel", type=int, default=8)
     demo.add_argument("--n-ctx-per-seq", type=int, default=1024)
@@ -119,11 +156,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     demo.add_argument("--max-tokens", type=int, default=96)
     demo.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     demo.add_argument("--seed", type=int, default=None)
-    serve = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (needs: pip install 'fastpar[server]')")
-    serve.add_argument("model", nargs="?", default=None, help="GGUF file (default: the default model)")
+    serve = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (needs: pip install 'fastpar[server]')",
+                           allow_abbrev=False)
+    serve.add_argument("model_file", nargs="?", default=None, metavar="model",
+                       help="GGUF file (default: the default model)")
+    serve.add_argument("--model", default=None, help="GGUF file, as the positional argument")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
-    _engine_options(serve, 4096)
+    _engine_options(serve)
     serve.add_argument("--max-queued", type=int, default=1024,
                        help="requests that may wait for a slot; one more is answered 429 (default 1024)")
     serve.add_argument("--api-key", default=None,
@@ -131,16 +171,27 @@ def main(argv: Optional[List[str]] = None) -> int:
     serve.add_argument("--shutdown-timeout", type=float, default=5.0,
                        help="seconds requests in flight may finish after SIGTERM before they are cancelled")
     serve.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
-    run = sub.add_parser("run", help="answer a file of requests in OpenAI's batch format (resumable)")
+    run = sub.add_parser("run", help="answer a file of requests in OpenAI's batch format (resumable)",
+                         allow_abbrev=False)
     run.add_argument("input", help="JSONL file: one {custom_id, method, url, body} request per line")
     run.add_argument("-o", "--output", required=True,
-                     help="JSONL file of results; appended to, and the custom_ids it holds are skipped")
+                     help="JSONL file of results; appended to: the custom_ids it answers are skipped, "
+                          "its failed lines are tried again")
     run.add_argument("--model", help="GGUF file (default: the default model, fetched on first use)")
-    _engine_options(run, 2048)
+    _engine_options(run)
     run.add_argument("--limit", type=int, default=None, help="answer at most this many new lines, then stop")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
-    sub.add_parser("version", help="print the version and backend")
-    args = parser.parse_args(argv)  # usage mistakes: one line, exit status 2
+    sub.add_parser("version", help="print the version and backend", allow_abbrev=False)
+    args = parser.parse_args(argv)
+    if args.command == "serve":
+        if args.model is not None and args.model_file is not None and args.model != args.model_file:
+            serve.error(f"two models given: {args.model_file} and --model {args.model}; give one")
+        args.model = args.model if args.model is not None else args.model_file
+    return args
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = _parse(argv)
     if args.command in ("demo", "serve", "run"):
         # A mistake in what the command was given (a missing or unloadable model, a bad
         # option value, a failed download) is one line for the user, not a traceback;
@@ -150,10 +201,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         try:
             return {"demo": _demo, "serve": _serve, "run": _run}[args.command](args)
         except (_CommandError, OSError, ValueError, TypeError, fastpar.FastparError) as e:
-            print(f"{parser.prog}: error: {e}", file=sys.stderr)
+            print(f"fastpar: error: {e}", file=sys.stderr)
             return 1
         except KeyboardInterrupt:
-            print(f"{parser.prog}: interrupted", file=sys.stderr)
+            print("fastpar: interrupted", file=sys.stderr)
             return 130
     import fastpar
 

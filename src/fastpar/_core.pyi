@@ -20,6 +20,10 @@ class ModelParams:
     use_mmap: bool
     def __init__(self) -> None:
         ...
+    def validate(self) -> None:
+        """
+        Raises ValueError naming the first option out of range.
+        """
     @property
     def n_gpu_layers(self) -> int:
         ...
@@ -86,6 +90,10 @@ class ContextParams:
     share_prefixes: bool
     def __init__(self) -> None:
         ...
+    def validate(self) -> None:
+        """
+        Raises ValueError naming the first option out of range.
+        """
     @property
     def device_sampling(self) -> int:
         ...

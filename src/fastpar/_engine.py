@@ -175,12 +175,8 @@ class Engine:
             raise TypeError(f"model must be a fastpar.Model, got {type(model).__name__}")
         params = _context_params(n_parallel, n_ctx_per_seq, n_batch, n_threads, kv_unified, device_sampling,
                                  share_prefixes, warmup)
-        if isinstance(max_queued, bool) or not isinstance(max_queued, int):
-            raise TypeError(f"max_queued must be an int, got {type(max_queued).__name__}")
-        if max_queued < 1:
-            raise ValueError(f"max_queued must be >= 1 (requests that may wait for a slot), got {max_queued}")
         self.model = model
-        self._engine = _core.Engine(model._model, params, max_queued)
+        self._engine = _core.Engine(model._model, params, _max_queued(max_queued))
 
     # -- submitting ---------------------------------------------------------------------
 
@@ -309,6 +305,14 @@ class Engine:
         engine = getattr(self, "_engine", None)
         if engine is not None:
             engine.close()
+
+
+def _max_queued(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"max_queued must be an int, got {type(value).__name__}")
+    if value < 1:
+        raise ValueError(f"max_queued must be >= 1 (requests that may wait for a slot), got {value}")
+    return value
 
 
 def _request_params(call: str, params: Optional[SamplingParams], options: dict) -> _core.GenerateParams:

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import List, Union
 
 from . import _core, _openmp
-from ._options import _MODEL_DEFAULTS, _bool, _int, _keywords_checked, _set
+from ._options import _MODEL_DEFAULTS, _bool, _int, _keywords_checked, _model_params
 from ._prompts import Message, _messages
 
 __all__ = ["Model"]
@@ -26,10 +26,7 @@ class Model:
                  use_mmap: bool = _MODEL_DEFAULTS.use_mmap) -> None:
         if not isinstance(path, (str, os.PathLike)):
             raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__}")
-        params = _core.ModelParams()
-        _set(params, "n_gpu_layers", _int("n_gpu_layers", n_gpu_layers))
-        params.use_mmap = _bool("use_mmap", use_mmap)
-        self._model = _core.Model(os.fspath(path), params)
+        self._model = _core.Model(os.fspath(path), _model_params(n_gpu_layers, use_mmap))
         _openmp.settled()  # llama.cpp's CPU backend has started
 
     @property

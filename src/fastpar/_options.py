@@ -57,8 +57,8 @@ def _set(params: Any, name: str, value: Any) -> None:
             raise
         bound = 2**31 - 1 if value > 0 else -2**31
         rule = f"{name} must be {'at most' if value > 0 else 'at least'} {bound}"
-        if isinstance(params, _core.GenerateParams):
-            probe = _core.GenerateParams()
+        if hasattr(params, "validate"):
+            probe = type(params)()
             setattr(probe, name, bound)
             try:
                 probe.validate()
@@ -84,6 +84,15 @@ def _context_params(n_parallel: object, n_ctx_per_seq: object, n_batch: object, 
     params.device_sampling = -1 if device_sampling is None else int(_bool("device_sampling", device_sampling))
     params.share_prefixes = _bool("share_prefixes", share_prefixes)
     params.warmup = -1 if warmup is None else int(_bool("warmup", warmup))
+    params.validate()  # ranges, from the core: ValueError naming the option
+    return params
+
+
+def _model_params(n_gpu_layers: object, use_mmap: object) -> _core.ModelParams:
+    params = _core.ModelParams()
+    _set(params, "n_gpu_layers", _int("n_gpu_layers", n_gpu_layers))
+    params.use_mmap = _bool("use_mmap", use_mmap)
+    params.validate()
     return params
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 try:
     import prometheus_client
     from starlette.applications import Starlette
+    from starlette.exceptions import HTTPException
     from starlette.requests import Request as HTTPRequest
     from starlette.responses import JSONResponse, Response, StreamingResponse
     from starlette.routing import Route
@@ -27,16 +28,18 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import os
 import secrets
 import time
+import weakref
 from typing import Any, Callable, Dict, List, Optional, Union
 
 import fastpar
 from fastpar import Completion, Engine, Request
 
-from .protocol import RETRY_AFTER_S, APIError, Parsed, chunk_logprobs, failure, parse, prompt_failure, prompt_tokens
-from .protocol import response_body, usage
+from .protocol import N_CTX_PER_SEQ, RETRY_AFTER_S, APIError, Parsed, chunk_logprobs, failure, parse, prompt_failure
+from .protocol import prompt_tokens, response_body, usage
 
 __all__ = ["create_app", "serve"]
 
@@ -86,6 +89,10 @@ class _State:
         self.api_key = api_key
         self.created = int(time.time())
         self.metrics = _Metrics(self)
+        # The requests being answered (a job leaves with its handler) and, once the server
+        # stops, a flag that answers new ones 503 (serve's shutdown).
+        self.jobs: "weakref.WeakSet[_Job]" = weakref.WeakSet()
+        self.stopping = False
 
     def stat(self, name: str) -> float:
         return getattr(self.engine.stats(), name) if self.engine is not None else 0
@@ -96,6 +103,27 @@ class _State:
             raise APIError(503, f"not ready: {why}", "server_error", code="model_not_ready",
                              headers={"Retry-After": str(RETRY_AFTER_S)})
         return self.engine
+
+    async def stop(self, timeout: float, force: Callable[[], bool]) -> None:
+        """Shutdown, before the server waits for its connections: new requests are answered
+        503; those generating get up to ``timeout`` seconds to finish, then are cancelled,
+        so that their handlers answer them (503, or a stream's error event) instead of
+        being killed mid-answer. ``force()``: stop waiting at once (a second Ctrl-C)."""
+        self.stopping = True
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+
+        def running() -> List["_Job"]:
+            return [j for j in list(self.jobs) if not j.done()]
+
+        while running() and loop.time() < deadline and not force():
+            await asyncio.sleep(0.05)
+        left = running()
+        if left:
+            logger.warning("cancelling %d request(s) still generating after the shutdown timeout (%g s)",
+                           len(left), timeout)
+        for job in left:
+            job.cancel()
 
     def check_key(self, request: HTTPRequest) -> None:
         if self.api_key is None:
@@ -139,6 +167,11 @@ async def _wait_disconnect(receive: Callable) -> None:
         message = await receive()
         if message["type"] == "http.disconnect":
             return
+
+
+def _shutting_down() -> APIError:
+    return APIError(503, "the server is shutting down", "server_error", code="shutting_down",
+                    headers={"Retry-After": str(RETRY_AFTER_S)})
 
 
 def _queue_full() -> APIError:
@@ -273,6 +306,8 @@ def create_app(engine: Union[Engine, Callable[[], Engine]], *, model_name: Optio
             t0 = time.monotonic()
             try:
                 state.check_key(request)
+                if state.stopping:
+                    raise _shutting_down()
                 engine = state.ready()
                 raw = await request.body()
                 try:
@@ -286,6 +321,7 @@ def create_app(engine: Union[Engine, Callable[[], Engine]], *, model_name: Optio
                     if s.n_queued + len(req.prompts) * req.n - max(free, 0) > max_queued:
                         raise _queue_full()
                 job = _Job(engine, req)
+                state.jobs.add(job)
             except APIError as e:
                 outcome = {400: "bad_request", 401: "unauthorized", 429: "queue_full"}.get(e.status, "error")
                 metrics.requests.labels(name, outcome).inc()
@@ -301,11 +337,16 @@ def create_app(engine: Union[Engine, Callable[[], Engine]], *, model_name: Optio
                     metrics.requests.labels(name, "client_disconnect").inc()
                     return Response(status_code=499)
                 for k in range(job.n_choices):
-                    bad = prompt_failure(job.choice_result(k), req.param) if job.choice_done(k) else None
+                    if not job.choice_done(k):
+                        continue
+                    c = job.choice_result(k)
+                    bad = prompt_failure(c, req.choice_param(k))
+                    if bad is None and c.finish_reason == "cancelled":  # the server stops
+                        bad = failure(c, req.choice_param(k))
                     if bad is not None:
                         job.cancel()
                         gone.cancel()
-                        metrics.requests.labels(name, "bad_request").inc()
+                        metrics.requests.labels(name, "bad_request" if bad.status == 400 else "error").inc()
                         return _error(bad)
             except BaseException:
                 job.cancel()
@@ -336,8 +377,8 @@ def create_app(engine: Union[Engine, Callable[[], Engine]], *, model_name: Optio
             gone.cancel()
         completions = job.completions()
         n_prompt = prompt_tokens(completions, len(req.prompts), req.n)
-        for c in completions:
-            err = failure(c, req.param)
+        for k, c in enumerate(completions):
+            err = failure(c, req.choice_param(k))
             if err is not None:
                 finished(name, t0, completions, n_prompt, "error")
                 return _error(err)
@@ -389,7 +430,7 @@ def create_app(engine: Union[Engine, Callable[[], Engine]], *, model_name: Optio
                         still.append(k)
                         continue
                     c = completions[k] = job.choice_result(k)
-                    err = failure(c, req.param)
+                    err = failure(c, req.choice_param(k))
                     if err is not None:
                         # After the stream began, an error is an "error" event (OpenAI's
                         # clients raise it); the other samples are cancelled.
@@ -433,6 +474,8 @@ def create_app(engine: Union[Engine, Callable[[], Engine]], *, model_name: Optio
             if state.load_error is not None:
                 body["error"] = str(state.load_error)
             return JSONResponse(body, status_code=503)
+        if state.stopping:
+            return JSONResponse({"status": "stopping"}, status_code=503)
         if state.engine.closed:
             return JSONResponse({"status": "closed"}, status_code=503)
         s = state.engine.stats()
@@ -450,23 +493,50 @@ def create_app(engine: Union[Engine, Callable[[], Engine]], *, model_name: Optio
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics_endpoint, methods=["GET"]),
     ]
-    app = Starlette(routes=routes, lifespan=lifespan)
+
+    async def http_error(request: HTTPRequest, exc: Exception) -> Response:
+        # An unknown path or method: OpenAI's error body, as every other error.
+        assert isinstance(exc, HTTPException)
+        if exc.status_code == 404:
+            message, code = f"no such endpoint: {request.method} {request.url.path}", "not_found"
+        elif exc.status_code == 405:
+            message, code = f"{request.method} is not allowed on {request.url.path}", "method_not_allowed"
+        else:
+            message, code = str(exc.detail), None
+        return _error(APIError(exc.status_code, message, code=code, headers=exc.headers))
+
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: http_error})
     app.state.fastpar = state
     return app
 
 
+#: Seconds the server waits, once the requests in flight have finished or been cancelled,
+#: for their last answers to be sent before uvicorn cancels what is left.
+_SEND_GRACE_S = 5.0
+
+
 def serve(model: Optional[str] = None, *, host: str = "127.0.0.1", port: int = 8000, n_parallel: int = 8,
-          n_ctx_per_seq: int = 4096, n_gpu_layers: int = 0, n_threads: Optional[int] = None,
+          n_ctx_per_seq: int = N_CTX_PER_SEQ, n_gpu_layers: int = 0, n_threads: Optional[int] = None,
           max_queued: int = 1024, api_key: Optional[str] = None, model_name: Optional[str] = None,
           shutdown_timeout: float = 5.0, log_level: str = "info") -> int:
     """Run the server until SIGTERM or Ctrl-C, then stop accepting, give the requests in
-    flight up to ``shutdown_timeout`` seconds, cancel the rest and close the engine;
-    returns 0, or 1 if the model failed to load. ``model``: a GGUF path (default: the
-    default model, fetched on first use). The model loads once the port is open;
-    ``/health`` answers 503 until it has."""
+    flight up to ``shutdown_timeout`` seconds, cancel the rest (answered 503, or a stream's
+    error event) and close the engine; returns 0, or 1 if the model failed to load.
+    ``model``: a GGUF path (default: the default model, fetched on first use). The model
+    loads once the port is open; ``/health`` answers 503 until it has. A missing model
+    file, a port out of range or a negative ``shutdown_timeout`` raise ``ValueError`` (or
+    ``FileNotFoundError``) before anything starts."""
     import signal
 
     import uvicorn
+
+    if model is not None and not os.path.isfile(model):
+        raise FileNotFoundError(f"no such model file: {model}")
+    if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+        raise ValueError(f"port must be between 1 and 65535, got {port!r}")
+    if isinstance(shutdown_timeout, bool) or not isinstance(shutdown_timeout, (int, float)) \
+            or not math.isfinite(shutdown_timeout) or shutdown_timeout < 0:
+        raise ValueError(f"shutdown_timeout must be a number of seconds >= 0, got {shutdown_timeout!r}")
 
     class Server(uvicorn.Server):
         # uvicorn re-raises the signal it stopped on once it has shut down, so the process
@@ -475,6 +545,14 @@ def serve(model: Optional[str] = None, *, host: str = "127.0.0.1", port: int = 8
             if self.should_exit and sig == signal.SIGINT:
                 self.force_exit = True
             self.should_exit = True
+
+        async def shutdown(self, sockets: Optional[list] = None) -> None:
+            # The app ends its own requests first (state.stop): uvicorn's graceful timeout
+            # would cancel their tasks mid-answer, a 500 or a stream cut without its event.
+            for s in self.servers:
+                s.close()  # no new connections while the requests in flight finish
+            await state.stop(shutdown_timeout, lambda: self.force_exit)
+            await super().shutdown(sockets)
 
     server: Optional[Server] = None
 
@@ -490,9 +568,9 @@ def serve(model: Optional[str] = None, *, host: str = "127.0.0.1", port: int = 8
             raise
 
     app = create_app(load, model_name=model_name, api_key=api_key)
+    state: _State = app.state.fastpar
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
-                            timeout_graceful_shutdown=shutdown_timeout, access_log=False)
+                            timeout_graceful_shutdown=_SEND_GRACE_S, access_log=False)
     server = Server(config)
     server.run()
-    state: _State = app.state.fastpar
     return 1 if state.load_error is not None or not server.started else 0

@@ -4,9 +4,12 @@ batch output format through ``generate_parallel``.
 Each input line is ``{"custom_id", "method": "POST", "url": "/v1/chat/completions" or
 "/v1/completions", "body": {...}}``. Each output line is ``{"id", "custom_id", "response":
 {"status_code", "request_id", "body"}, "error"}``, written and flushed as soon as that
-line's prompts are done, so an interrupted run loses nothing it finished; a rerun skips
-the ``custom_id``s the output already holds. A line that cannot be read becomes that
-line's error (``response: null``), never the file's.
+line's prompts are done, so an interrupted run loses nothing it finished. The output holds
+one record per line: a rerun skips the ``custom_id``s answered (status 200) and tries the
+failed lines again, first rewriting the output without their records. A line that cannot
+be read becomes that line's error (``response: null``), never the file's. A line is
+written only once it is finished: one cut short by an interrupt (Ctrl-C cancels the
+``generate_parallel`` call) is left for the rerun.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import time
 from typing import Any, Dict, Iterator, List, Optional, Set, TextIO, Tuple
 
@@ -27,6 +31,15 @@ URLS = {"/v1/chat/completions": True, "/v1/completions": False}
 CHUNK_LINES = 2048
 
 
+class BatchInterrupted(KeyboardInterrupt):
+    """Ctrl-C stopped ``run_batch``; ``counts`` as it returns them, the unfinished lines
+    (none of them written) in ``left``."""
+
+    def __init__(self, counts: Dict[str, int]) -> None:
+        super().__init__()
+        self.counts = counts
+
+
 class _Line:
     def __init__(self, number: int, custom_id: Optional[str], req: Optional[Parsed], error: Optional[str]) -> None:
         self.number, self.custom_id, self.req, self.error = number, custom_id, req, error
@@ -38,39 +51,57 @@ def _key(custom_id: Optional[str], number: int) -> str:
     return f"custom_id:{custom_id}" if custom_id is not None else f"line:{number}"
 
 
+def _answered(rec: Any) -> bool:
+    response = rec.get("response")
+    return rec.get("error") is None and isinstance(response, dict) and response.get("status_code") == 200
+
+
 def _read_done(path: str) -> Set[str]:
-    """The keys of the lines an earlier run answered; drops a last line cut short."""
+    """The keys of the lines an earlier run answered. Drops a last line cut short (killed
+    in the middle of a write) and the records of failed lines, which this run tries again:
+    the output is rewritten without them (a new file put in its place, so that a crash
+    meanwhile leaves the old one whole)."""
     done: Set[str] = set()
     if not os.path.exists(path):
         return done
-    with open(path, "rb+") as f:
+    with open(path, "rb") as f:
         data = f.read()
-        end = data.rfind(b"\n") + 1
-        if end != len(data):  # killed in the middle of a write: that line is redone
-            f.truncate(end)
-    for raw in data[:end].splitlines():
+    end = data.rfind(b"\n") + 1
+    keep: List[bytes] = []
+    for raw in data[:end].splitlines(keepends=True):
         try:
             rec = json.loads(raw)
         except ValueError:
-            continue
-        if isinstance(rec, dict):
-            line = (rec.get("error") or {}).get("line") if isinstance(rec.get("error"), dict) else None
-            done.add(_key(rec.get("custom_id"), line if isinstance(line, int) else -1))
+            continue  # not a record of ours: dropped
+        if isinstance(rec, dict) and _answered(rec) and isinstance(rec.get("custom_id"), str):
+            done.add(_key(rec["custom_id"], -1))
+            keep.append(raw)
+    if len(keep) != data.count(b"\n") or end != len(data):
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "wb") as f:
+            f.writelines(keep)
+            f.flush()
+            os.fsync(f.fileno())
+        shutil.copymode(path, tmp)
+        os.replace(tmp, path)
     return done
 
 
-def _parse_line(number: int, raw: str, n_ctx_per_seq: int, seen: Set[str]) -> _Line:
+def _parse_line(number: int, raw: str, n_ctx_per_seq: int, seen: Set[str], name: str) -> _Line:
+    where = f"line {number} of {name}"
     try:
         rec = json.loads(raw)
-    except ValueError as e:
-        return _Line(number, None, None, f"line {number} is not valid JSON: {e}")
+    except json.JSONDecodeError as e:
+        # The line alone was parsed: its column, not the parser's "line 1" (or "line 2" for
+        # a line cut short), which would read as a line of the file.
+        return _Line(number, None, None, f"{where} is not valid JSON: {e.msg} at column {e.colno}")
     if not isinstance(rec, dict):
-        return _Line(number, None, None, f"line {number} is not a JSON object")
+        return _Line(number, None, None, f"{where} is not a JSON object")
     custom_id = rec.get("custom_id")
     if not isinstance(custom_id, str) or not custom_id:
-        return _Line(number, None, None, f"line {number} has no 'custom_id' string")
+        return _Line(number, None, None, f"{where} has no 'custom_id' string")
     if _key(custom_id, number) in seen:
-        return _Line(number, None, None, f"line {number} repeats custom_id {custom_id!r}")
+        return _Line(number, None, None, f"{where} repeats custom_id {custom_id!r}")
     url = rec.get("url")
     if url not in URLS:
         return _Line(number, custom_id, None, f"'url' must be one of {', '.join(URLS)}, got {url!r}")
@@ -89,30 +120,44 @@ def _lines(path: str) -> Iterator[Tuple[int, str]]:
     with open(path, encoding="utf-8", errors="replace") as f:
         for number, raw in enumerate(f, 1):
             if raw.strip():
-                yield number, raw
+                yield number, raw.rstrip("\r\n")
 
 
 def run_batch(ctx: fastpar.Context, input_path: str, output_path: str, *, limit: Optional[int] = None,
               progress: bool = True, model_name: str = "fastpar") -> Dict[str, int]:
-    """Answers every line of ``input_path`` not yet in ``output_path`` (appending to it);
-    ``limit``: at most that many lines this time. Returns counts: answered (status 200),
-    failed (an error, a status other than 200), skipped (already in the output)."""
-    from tqdm.auto import tqdm
-
+    """Answers every line of ``input_path`` not yet answered in ``output_path`` (appending
+    to it; the records of failed lines are dropped and those lines tried again); ``limit``:
+    at most that many lines this time. Returns counts: answered (status 200), failed (an
+    error, a status other than 200), skipped (answered before), left (not done: beyond
+    ``limit``). Ctrl-C raises ``BatchInterrupted`` holding the counts so far; the lines it
+    cut short are not written."""
     done = _read_done(output_path)
-    counts = {"answered": 0, "failed": 0, "skipped": 0}
+    counts = {"answered": 0, "failed": 0, "skipped": 0, "left": 0}
     todo: List[_Line] = []
     seen: Set[str] = set()
+    name = os.path.basename(input_path)
     for number, raw in _lines(input_path):
-        line = _parse_line(number, raw, ctx.n_ctx_per_seq, seen)
+        line = _parse_line(number, raw, ctx.n_ctx_per_seq, seen, name)
         key = _key(line.custom_id, line.number)
         if key in done:
             counts["skipped"] += 1
             continue
         seen.add(key)
         if limit is not None and len(todo) >= limit:
-            break
+            counts["left"] += 1
+            continue
         todo.append(line)
+    counts["left"] += len(todo)
+    try:
+        _answer(ctx, todo, output_path, counts, progress, model_name)
+    except KeyboardInterrupt:
+        raise BatchInterrupted(counts) from None
+    return counts
+
+
+def _answer(ctx: fastpar.Context, todo: List[_Line], output_path: str, counts: Dict[str, int], progress: bool,
+            model_name: str) -> None:
+    from tqdm.auto import tqdm
 
     with open(output_path, "a", encoding="utf-8") as out, \
             tqdm(total=len(todo), unit="line", desc="fastpar run", disable=not progress) as bar:
@@ -126,6 +171,7 @@ def run_batch(ctx: fastpar.Context, input_path: str, output_path: str, *, limit:
                                    "body": body}
             _write(out, rec)
             counts["answered" if status == 200 else "failed"] += 1
+            counts["left"] -= 1
             bar.update(1)
 
         for start in range(0, len(todo), CHUNK_LINES):
@@ -165,7 +211,10 @@ def run_batch(ctx: fastpar.Context, input_path: str, output_path: str, *, limit:
                     return
                 line = chunk[i]
                 completions = [c for r in results[first[i]:first[i] + len(line.req.prompts)] for c in r]
-                err = next((e for e in (failure(c, line.req.param) for c in completions) if e is not None), None)
+                if any(c.finish_reason == "cancelled" for c in completions):
+                    return  # cut short (Ctrl-C): not an answer, left for the rerun
+                err = next((e for e in (failure(c, line.req.choice_param(k)) for k, c in enumerate(completions))
+                            if e is not None), None)
                 if err is not None:
                     write(line, err.status, err.body(), None)
                 else:
@@ -174,7 +223,6 @@ def run_batch(ctx: fastpar.Context, input_path: str, output_path: str, *, limit:
                                                    completions, ctx.model), None)
 
             fastpar.generate_parallel(ctx, prompts, params, on_completion=on_completion)
-    return counts
 
 
 def _write(out: TextIO, rec: Dict[str, Any]) -> None:

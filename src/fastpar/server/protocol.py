@@ -15,6 +15,14 @@ MAX_N = 128
 MAX_PROMPTS = 1024
 #: Seconds a client should wait after a 429 or 503 before trying again.
 RETRY_AFTER_S = 1
+#: ``n_ctx_per_seq`` of ``fastpar serve`` and ``fastpar run``: both answer OpenAI-format
+#: requests whose lengths are not known in advance, and the same request must behave the
+#: same through either. The library's ``Context`` and ``Engine`` keep the core's smaller
+#: default (the KV cache, ``n_parallel x n_ctx_per_seq`` positions, is allocated up front:
+#: a library user sizes it for their prompts).
+N_CTX_PER_SEQ = 4096
+#: The roles a chat message may have ("developer" is OpenAI's newer name for "system").
+ROLES = ("system", "developer", "user", "assistant")
 
 FINISH = {"stop": "stop", "length": "length"}
 
@@ -87,7 +95,13 @@ def _messages(body: Mapping) -> List[Dict[str, str]]:
     for i, m in enumerate(messages):
         if not isinstance(m, Mapping) or not isinstance(m.get("role"), str):
             raise _bad(f"messages[{i}]", f"'messages[{i}]' must be an object with a string 'role'")
-        out.append({"role": m["role"], "content": _content(m.get("content"), f"messages[{i}].content")})
+        role = m["role"]
+        if role not in ROLES:
+            raise _bad(f"messages[{i}].role", f"'messages[{i}].role' must be one of {', '.join(ROLES)}, "
+                                              f"got {role!r}"[:300])
+        if role == "developer":
+            role = "system"  # what chat templates know
+        out.append({"role": role, "content": _content(m.get("content"), f"messages[{i}].content")})
     return out
 
 
@@ -167,10 +181,10 @@ def _sampling(body: Mapping, chat: bool, n_ctx_per_seq: int) -> Tuple[Dict[str, 
         elif fmt["type"] == "json_schema":
             spec = fmt.get("json_schema")
             schema = spec.get("schema") if isinstance(spec, Mapping) else None
-            if schema is None:
-                schema = {"type": "object"}
             if not isinstance(schema, Mapping):
-                raise _bad("response_format", "'response_format.json_schema.schema' must be a JSON schema object")
+                raise _bad("response_format", "'response_format' of type 'json_schema' needs "
+                                              "'json_schema': {'name': ..., 'schema': {...}} with a JSON schema object"
+                                              " (for any JSON object: {'type': 'json_object'})")
             opts["json_schema"] = dict(schema)
     return opts, n, n_top
 
@@ -276,6 +290,10 @@ class Parsed:
     def param(self) -> str:
         return "messages" if self.chat else "prompt"
 
+    def choice_param(self, k: int) -> str:
+        """The field choice ``k`` answers: ``prompt[i]`` for prompt i of a list."""
+        return f"prompt[{k // self.n}]" if len(self.prompts) > 1 else self.param
+
     def sampling_params(self) -> SamplingParams:
         """The request's SamplingParams, ``n`` included: sample j is seeded seed + j."""
         try:
@@ -311,7 +329,8 @@ def prompt_failure(c: Completion, param: str) -> Optional[APIError]:
     """A prompt that could not be served (too long, empty, ...) is the request's 400."""
     if c.finish_reason == "error" and c.n_gen_tokens == 0:
         code = "context_length_exceeded" if "n_ctx_per_seq" in (c.error or "") else None
-        return _bad(param, c.error or "the prompt failed", code)
+        message = c.error or "the prompt failed"
+        return _bad(param, message if param in ("prompt", "messages") else f"'{param}': {message}", code)
     return None
 
 
