@@ -230,9 +230,12 @@ def test_close_with_requests_in_flight_is_prompt(model):
     e = fastpar.Engine(model, n_parallel=4, n_ctx_per_seq=512)
     requests = [e.submit(p, max_tokens=400, ignore_eos=True, **GREEDY) for p in MIXED]
     time.sleep(0.3)
-    t0 = time.perf_counter()
+    # Prompt by count, not by a clock a loaded machine misses: close() ends the worker
+    # within the step in flight (its decode interrupted through llama.cpp's abort
+    # callback); one more step may begin between reading the count and closing.
+    before = e.stats().n_decode_calls
     e.close()
-    assert time.perf_counter() - t0 < 1.0
+    assert e.stats().n_decode_calls <= before + 2
     for r in requests:
         assert r.done()
         assert r.result(0).finish_reason == "cancelled"

@@ -197,7 +197,7 @@ def test_integers_beyond_the_cores_range_are_value_errors_naming_the_option(mode
 def test_huge_context_and_model_options_are_value_errors(model):
     for option in ("n_parallel", "n_ctx_per_seq", "n_batch", "n_threads"):
         # The core's own range where it has one (n_parallel: 1 to 256), else the 32-bit one.
-        with pytest.raises(ValueError, match=f"^{option} must .*, got {2**40}$"):
+        with pytest.raises(ValueError, match=f"{option} .*, got {2**40}$"):
             fastpar.Context(model, **{option: 2**40})
     with pytest.raises(ValueError, match=f"^n_gpu_layers must .*, got {2**40}$"):
         fastpar.Model(model.path, n_gpu_layers=2**40)
