@@ -65,8 +65,13 @@ def main() -> int:
         print(json.dumps(one(args)))
         return 0
     rows = []
+    argv = []  # this command's options, less --types, for each child
+    skip = False
+    for a in sys.argv[1:]:
+        if not skip and not a.startswith("--types"):
+            argv.append(a)
+        skip = a == "--types"
     for t in args.types.split(","):
-        argv = [a for a in sys.argv[1:] if not a.startswith("--types")]
         run = subprocess.run([sys.executable, __file__, *argv, "--one", t], capture_output=True, text=True,
                              env={**os.environ, "FASTPAR_VERBOSE": "1"})
         if run.returncode != 0:
