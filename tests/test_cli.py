@@ -76,7 +76,8 @@ def test_serve_and_run_share_their_defaults():
 
     serve = _parse(["serve"])
     run = _parse(["run", "in.jsonl", "-o", "out.jsonl"])
-    for option in ("n_ctx_per_seq", "n_parallel", "n_gpu_layers", "n_threads", "model", "model_name"):
+    for option in ("n_ctx_per_seq", "n_parallel", "n_gpu_layers", "n_threads", "model", "model_name", "type_k",
+                   "type_v"):
         assert getattr(serve, option) == getattr(run, option), option
     assert serve.n_ctx_per_seq == N_CTX_PER_SEQ == 4096
 
@@ -90,6 +91,8 @@ def test_serve_and_run_share_their_defaults():
     (["--port", "70000"], "port must be between 1 and 65535, got 70000"),
     (["--shutdown-timeout", "-1"], "shutdown_timeout must be a number of seconds >= 0, got -1.0"),
     (["--model", "/no/such/model.gguf"], "no such model file: /no/such/model.gguf"),
+    (["--type-k", "q3"], 'type_k must be one of "f16", "bf16", "f32", "q8_0", "q4_0", got "q3"'),
+    (["--type-v", "int8"], 'type_v must be one of'),
 ])
 def test_serve_checks_its_options_before_it_starts(monkeypatch, capsys, args, message):
     import uvicorn
@@ -109,6 +112,7 @@ def test_serve_checks_its_options_before_it_starts(monkeypatch, capsys, args, me
     (["--n-parallel", "0"], "n_parallel must be between 1 and 256, got 0"),
     (["--n-ctx-per-seq", "1"], "n_ctx_per_seq must be at least 2"),
     (["--model", "/no/such/model.gguf"], "no such model file: /no/such/model.gguf"),
+    (["--type-v", "q4"], 'type_v must be one of "f16", "bf16", "f32", "q8_0", "q4_0", got "q4"'),
 ])
 def test_run_checks_its_options_before_it_loads(monkeypatch, capsys, tmp_path, args, message):
     from fastpar.__main__ import main
@@ -122,3 +126,43 @@ def test_run_checks_its_options_before_it_loads(monkeypatch, capsys, tmp_path, a
     assert main(["run", str(src), "-o", str(tmp_path / "out.jsonl"), *args]) == 1
     err = capsys.readouterr().err
     assert err.startswith("fastpar: error: ") and message in err, err
+
+
+def test_kv_cache_types_reach_the_engine_and_the_context(monkeypatch, tmp_path):
+    # serve: --type-k/--type-v go through serve() to the Engine; run: to the Context. Given
+    # neither, the library's default stands (no keyword is passed).
+    import uvicorn
+
+    import fastpar.server.app as app
+    from fastpar.__main__ import main
+
+    engines = []
+
+    class FakeEngine:
+        def __init__(self, model, **options):
+            engines.append(options)
+            raise RuntimeError("not started in this test")
+
+    def started(self, *a, **k):
+        with pytest.raises(RuntimeError, match="not started"):
+            self.config.app.state.fastpar.loader()
+        self.started = True
+
+    monkeypatch.setattr(app, "Engine", FakeEngine)
+    monkeypatch.setattr(fastpar, "Model", lambda *a, **k: None)
+    monkeypatch.setattr(uvicorn.Server, "run", started)
+    assert main(["serve", "--type-k", "q8_0", "--type-v", "q4_0"]) == 0
+    assert main(["serve"]) == 0
+    assert [(e.get("type_k"), e.get("type_v")) for e in engines] == [("q8_0", "q4_0"), (None, None)]
+
+    contexts = []
+
+    def context(model, **options):
+        contexts.append(options)
+        raise fastpar.FastparError("not started in this test")
+
+    monkeypatch.setattr(fastpar, "Context", context)
+    src = tmp_path / "in.jsonl"
+    src.write_text("")
+    assert main(["run", str(src), "-o", str(tmp_path / "out.jsonl"), "--model", str(src), "--type-k", "q8_0"]) == 1
+    assert contexts[0]["type_k"] == "q8_0" and "type_v" not in contexts[0]

@@ -73,6 +73,10 @@ typedef struct fastpar_context_params {
                                 host, -1 auto (1 with the output layer on a GPU and >= 8 slots) */
     bool share_prefixes;     /* decode a prefix common to several prompts once */
     int32_t warmup;          /* 1 warm-up decodes at creation, 0 none, -1 auto (1 with a layer on a GPU) */
+    /* The KV cache's K and V types: "f16" (the default; NULL = the default), "bf16", "f32",
+       "q8_0" or "q4_0". A quantized V cache turns flash attention on. */
+    const char * type_k;
+    const char * type_v;
 } fastpar_context_params;
 
 typedef struct fastpar_generate_params {

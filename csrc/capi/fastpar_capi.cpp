@@ -192,13 +192,29 @@ std::vector<std::string> to_core_strings(const char * name, const char * const *
 #define FASTPAR_TO_CORE_STRINGS(name) core.name = to_core_strings(#name, c.name, c.n_##name);
 #define FASTPAR_TO_CORE(name, kind, in_c, py, r) FASTPAR_WHEN(in_c, FASTPAR_TO_CORE_##kind(name))
 
-// A default the C struct cannot hold (a string other than none) is caught by
-// tests/test_fields.py, which compares every C default with the core's.
+// A string default other than none ("f16" for type_k) is a string that lives as long as
+// the library; tests/test_fields.py compares every C default with the core's.
+const char * c_default_string(const std::string & s) {
+    if (s.empty()) {
+        return nullptr;
+    }
+    static std::mutex mutex;
+    static std::vector<std::unique_ptr<std::string>> kept;
+    const std::lock_guard<std::mutex> lock(mutex);
+    for (const auto & k : kept) {
+        if (*k == s) {
+            return k->c_str();
+        }
+    }
+    kept.push_back(std::make_unique<std::string>(s));
+    return kept.back()->c_str();
+}
+
 #define FASTPAR_TO_C_INT32(name) c.name = core.name;
 #define FASTPAR_TO_C_INT64(name) c.name = core.name;
 #define FASTPAR_TO_C_FLOAT(name) c.name = core.name;
 #define FASTPAR_TO_C_BOOL(name) c.name = core.name;
-#define FASTPAR_TO_C_STRING(name) c.name = nullptr;
+#define FASTPAR_TO_C_STRING(name) c.name = c_default_string(core.name);
 #define FASTPAR_TO_C_STRINGS(name) \
     c.name = nullptr;              \
     c.n_##name = 0;

@@ -12,7 +12,8 @@
  *         INT64   int64_t (R: double)
  *         FLOAT   float (R: double)
  *         BOOL    bool (R: logical)
- *         STRING  C: const char *, NULL = none; C++: std::string, "" = none; R: character, NA = none
+ *         STRING  C: const char *, NULL = the core's default; C++: std::string ("" = none where that
+ *                 is the default); R: character, NA = the default
  *         STRINGS C: const char * const * name with int32_t n_<name>; C++: std::vector<std::string>;
  *                 R: a list of character vectors
  *   C     1: a field of fastpar.h's struct; 0: not in the C ABI.
@@ -46,7 +47,9 @@
     X(kv_unified,           BOOL,    1, 1, 1)                               \
     X(device_sampling,      INT32,   1, 1, 1)                               \
     X(share_prefixes,       BOOL,    1, 1, 1)                               \
-    X(warmup,               INT32,   1, 1, 1)
+    X(warmup,               INT32,   1, 1, 1)                               \
+    X(type_k,               STRING,  1, 1, 1)                               \
+    X(type_v,               STRING,  1, 1, 1)
 
 /* top_logprobs is not in R: its results have no column for them. prompt_logprobs (scoring)
  * is not in the C ABI; prompt_logprobs_from is set by fastpar's scoring functions alone. */

@@ -217,6 +217,8 @@ void register_generate(py::module_ & m) {
         .def_property_readonly("kv_unified", [](const Context & c) { return c.params().kv_unified; })
         .def_property_readonly("device_sampling", &Context::device_sampling)
         .def_property_readonly("share_prefixes", [](const Context & c) { return c.params().share_prefixes; })
+        .def_property_readonly("type_k", [](const Context & c) { return c.params().type_k; })
+        .def_property_readonly("type_v", [](const Context & c) { return c.params().type_v; })
         .def_property_readonly("warmed_up", &Context::warmed_up);
 }
 

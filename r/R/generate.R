@@ -106,7 +106,7 @@ generate_parallel <- function(ctx, prompts, max_tokens = NULL, temperature = NUL
 # them against the options fastpar_fields.h gives R.
 .extra_options <- list(
   model = character(),
-  context = c("n_batch", "device_sampling", "warmup", "kv_unified", "share_prefixes"),
+  context = c("n_batch", "device_sampling", "warmup", "kv_unified", "share_prefixes", "type_k", "type_v"),
   generate = c("grammar", "logprobs", "presence_penalty", "frequency_penalty", "repeat_last_n")
 )
 

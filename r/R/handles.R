@@ -35,6 +35,13 @@
   as.integer(x)
 }
 
+# One string (or NULL), in UTF-8; the C library checks its value.
+.chr1 <- function(x, what) {
+  if (is.null(x)) return(NULL)
+  if (!is.character(x) || length(x) != 1 || is.na(x)) stop(what, " must be one string", call. = FALSE)
+  enc2utf8(x)
+}
+
 .lgl1 <- function(x, what) {
   if (is.null(x)) return(NULL)
   if (!is.logical(x) || length(x) != 1 || is.na(x)) stop(what, " must be TRUE or FALSE", call. = FALSE)
@@ -71,7 +78,9 @@ fastpar_model <- function(path, n_gpu_layers = NULL, use_mmap = NULL) {
 #' @param n_ctx_per_seq Positions one prompt plus its output may use.
 #' @param n_threads CPU threads; `0` for one per CPU this process may use.
 #' @param ... Further context options of fastpar by name: `n_batch`, `kv_unified`,
-#'   `device_sampling`, `share_prefixes`, `warmup` (docs/api.md of fastpar).
+#'   `device_sampling`, `share_prefixes`, `warmup`, and the KV cache's types `type_k` and
+#'   `type_v` (`"f16"`, the default, `"bf16"`, `"f32"`, `"q8_0"` or `"q4_0"`: `"q8_0"` holds
+#'   about 1.9x the positions in the same memory) (docs/api.md of fastpar).
 #' @details Every option left `NULL` takes fastpar's own default, read from the C library
 #'   (`fastpar_context_default_params()`; see [fastpar_default_params()]). The context
 #'   keeps its model alive.
@@ -96,7 +105,8 @@ fastpar_context <- function(model, n_parallel = NULL, n_ctx_per_seq = NULL, n_th
                n_threads = .int1(n_threads, "n_threads"))
   defaults <- .Call(C_fastpar_r_default_params)$context
   for (name in names(extra)) {
-    opts[[name]] <- if (is.logical(defaults[[name]])) .lgl1(extra[[name]], name) else .int1(extra[[name]], name)
+    opts[[name]] <- if (is.null(defaults[[name]])) .chr1(extra[[name]], name) else
+      if (is.logical(defaults[[name]])) .lgl1(extra[[name]], name) else .int1(extra[[name]], name)
   }
   ctx <- .check(.Call(C_fastpar_r_context_new, model, opts[!vapply(opts, is.null, TRUE)]), sys.call())
   structure(ctx, class = "fastpar_context")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 DEMO_QUESTIONS = [
     "What is the capital of France?",
@@ -33,9 +33,15 @@ def _check_engine_options(args: argparse.Namespace) -> None:
     if args.model is not None and not os.path.isfile(args.model):
         raise _CommandError(f"no such model file: {args.model}")
     _model_params(args.n_gpu_layers, True)
-    _context_params(args.n_parallel, args.n_ctx_per_seq, None, args.n_threads, _CONTEXT_DEFAULTS.kv_unified)
+    _context_params(args.n_parallel, args.n_ctx_per_seq, None, args.n_threads, _CONTEXT_DEFAULTS.kv_unified,
+                    **_kv_types(args))
     if getattr(args, "max_queued", None) is not None:
         _max_queued(args.max_queued)
+
+
+def _kv_types(args: argparse.Namespace) -> Dict[str, str]:
+    """--type-k and --type-v as the library's keywords: those given (else its defaults)."""
+    return {name: getattr(args, name) for name in ("type_k", "type_v") if getattr(args, name) is not None}
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -87,7 +93,7 @@ def _serve(args: argparse.Namespace) -> int:
     # serve() checks its own options (port, shutdown timeout) before it opens the port.
     return serve(args.model, host=args.host, port=args.port, n_parallel=args.n_parallel,
                  n_ctx_per_seq=args.n_ctx_per_seq, n_gpu_layers=args.n_gpu_layers, n_threads=args.n_threads,
-                 max_queued=args.max_queued, api_key=args.api_key or os.environ.get("FASTPAR_API_KEY") or None,
+                 max_queued=args.max_queued, **_kv_types(args), api_key=args.api_key or os.environ.get("FASTPAR_API_KEY") or None,
                  model_name=args.model_name, shutdown_timeout=args.shutdown_timeout, log_level=args.log_level)
 
 
@@ -106,7 +112,7 @@ def _run(args: argparse.Namespace) -> int:
         raise _CommandError(str(e)) from e
     model = fastpar.Model(path, n_gpu_layers=args.n_gpu_layers)
     ctx = fastpar.Context(model, n_parallel=args.n_parallel, n_ctx_per_seq=args.n_ctx_per_seq,
-                          n_threads=args.n_threads)
+                          n_threads=args.n_threads, **_kv_types(args))
     name = args.model_name or os.path.splitext(os.path.basename(path))[0]
     try:
         counts = run_batch(ctx, args.input, args.output, limit=args.limit, progress=not args.quiet,
@@ -137,6 +143,10 @@ def _engine_options(p: argparse.ArgumentParser) -> None:
                         f"(default {N_CTX_PER_SEQ} in serve and run alike, for requests of any length)")
     p.add_argument("--n-gpu-layers", type=int, default=0, help="-1 = all (needs a CUDA or Metal build)")
     p.add_argument("--n-threads", type=int, default=None)
+    for which in ("k", "v"):
+        p.add_argument(f"--type-{which}", default=None, metavar="TYPE",
+                       help=f"the KV cache's {which.upper()} type: f16 (default), bf16, f32, q8_0 or q4_0; "
+                            "q8_0 holds about 1.9x the positions in the same memory (docs/performance.md)")
     p.add_argument("--model-name", default=None, help="the model's name in responses (default: the file's name)")
 
 

@@ -88,6 +88,8 @@ class ContextParams:
     """
     kv_unified: bool
     share_prefixes: bool
+    type_k: str
+    type_v: str
     def __init__(self) -> None:
         ...
     def validate(self) -> None:
@@ -405,6 +407,12 @@ class Context:
         ...
     @property
     def share_prefixes(self) -> bool:
+        ...
+    @property
+    def type_k(self) -> str:
+        ...
+    @property
+    def type_v(self) -> str:
         ...
     @property
     def warmed_up(self) -> bool:

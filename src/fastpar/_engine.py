@@ -169,12 +169,13 @@ class Engine:
                  n_threads: Optional[int] = None, kv_unified: bool = _CONTEXT_DEFAULTS.kv_unified,
                  device_sampling: Optional[bool] = None,
                  share_prefixes: bool = _CONTEXT_DEFAULTS.share_prefixes,
-                 warmup: Optional[bool] = None,
+                 warmup: Optional[bool] = None, type_k: str = _CONTEXT_DEFAULTS.type_k,
+                 type_v: str = _CONTEXT_DEFAULTS.type_v,
                  max_queued: int = DEFAULT_MAX_QUEUED) -> None:
         if not isinstance(model, Model):
             raise TypeError(f"model must be a fastpar.Model, got {type(model).__name__}")
         params = _context_params(n_parallel, n_ctx_per_seq, n_batch, n_threads, kv_unified, device_sampling,
-                                 share_prefixes, warmup)
+                                 share_prefixes, warmup, type_k, type_v)
         self.model = model
         self._engine = _core.Engine(model._model, params, _max_queued(max_queued))
 

@@ -70,7 +70,8 @@ def _set(params: Any, name: str, value: Any) -> None:
 def _context_params(n_parallel: object, n_ctx_per_seq: object, n_batch: object, n_threads: object,
                     kv_unified: object, device_sampling: object = None,
                     share_prefixes: object = _CONTEXT_DEFAULTS.share_prefixes,
-                    warmup: object = None) -> _core.ContextParams:
+                    warmup: object = None, type_k: object = _CONTEXT_DEFAULTS.type_k,
+                    type_v: object = _CONTEXT_DEFAULTS.type_v) -> _core.ContextParams:
     params = _core.ContextParams()
     _set(params, "n_parallel", _int("n_parallel", n_parallel))
     _set(params, "n_ctx_per_seq", _int("n_ctx_per_seq", n_ctx_per_seq))
@@ -84,6 +85,10 @@ def _context_params(n_parallel: object, n_ctx_per_seq: object, n_batch: object, 
     params.device_sampling = -1 if device_sampling is None else int(_bool("device_sampling", device_sampling))
     params.share_prefixes = _bool("share_prefixes", share_prefixes)
     params.warmup = -1 if warmup is None else int(_bool("warmup", warmup))
+    for name, value in (("type_k", type_k), ("type_v", type_v)):
+        if not isinstance(value, str):
+            raise TypeError(f"{name} must be a str such as 'q8_0', got {type(value).__name__}")
+        setattr(params, name, value)
     params.validate()  # ranges, from the core: ValueError naming the option
     return params
 

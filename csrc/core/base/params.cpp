@@ -21,6 +21,17 @@ void check_finite(const char * name, float v) {
     }
 }
 
+void check_kv_cache_type(const char * name, const std::string & v) {
+    std::string names;
+    for (const char * t : kKvCacheTypes) {
+        if (v == t) {
+            return;
+        }
+        names += names.empty() ? std::string("\"") + t + "\"" : std::string(", \"") + t + "\"";
+    }
+    bad(std::string(name) + " must be one of " + names + ", got \"" + v + "\"");
+}
+
 }  // namespace
 
 void validate(const ModelParams & p) {
@@ -55,6 +66,8 @@ void validate(const ContextParams & p) {
         bad("n_threads must be 0 (one per CPU this process may use) or 1 to " + std::to_string(kMaxThreads) + ", got " +
             std::to_string(p.n_threads));
     }
+    check_kv_cache_type("type_k", p.type_k);
+    check_kv_cache_type("type_v", p.type_v);
 }
 
 void validate(const GenerateParams & p) {

@@ -27,12 +27,28 @@ bool memory_copies_by_position(const llama_model * model) {
     return !llama_model_is_recurrent(model) && !llama_model_is_hybrid(model) && llama_model_n_swa(model) == 0;
 }
 
+// ggml's type of a KV-cache type name (validate() accepted the name: one of kKvCacheTypes).
+ggml_type kv_cache_type(const std::string & name) {
+    for (int t = 0; t < GGML_TYPE_COUNT; ++t) {
+        const char * n = ggml_type_name(static_cast<ggml_type>(t));
+        if (n != nullptr && name == n) {
+            return static_cast<ggml_type>(t);
+        }
+    }
+    throw InvalidArgument("unknown KV cache type \"" + name + "\"");
+}
+
+// Bytes one value of a KV cache type takes (a q8_0 block of 32 values takes 34 bytes).
+double bytes_per_value(ggml_type t) {
+    return static_cast<double>(ggml_type_size(t)) / static_cast<double>(ggml_blck_size(t));
+}
+
 // A context of n_ctx positions needs at least this much host memory: llama.cpp's record of
 // each KV cell (its position, shift and 256 sequence bits) and, when the cache is on the
-// host and every layer attends to all positions, each cell's K and V rows in f16. Asking
+// host and every layer attends to all positions, each cell's K and V rows. Asking
 // for more than the machine has does not fail cleanly: the records are written as they are
 // allocated, so the kernel kills the process. Throws InvalidArgument instead.
-void check_host_memory(const Model & model, int64_t n_ctx) {
+void check_host_memory(const Model & model, const ContextParams & params, int64_t n_ctx) {
 #if defined(_SC_PHYS_PAGES) && defined(_SC_PAGESIZE)
     const long pages = sysconf(_SC_PHYS_PAGES);
     const long page = sysconf(_SC_PAGESIZE);
@@ -47,7 +63,8 @@ void check_host_memory(const Model & model, int64_t n_ctx) {
     double per_cell = 40.0;
     const int32_t n_head = llama_model_n_head(m);
     if (!model.on_gpu() && memory_copies_by_position(m) && n_head > 0) {
-        per_cell += 2.0 * 2.0 * llama_model_n_layer(m) * (static_cast<double>(llama_model_n_embd(m)) / n_head) *
+        const double bytes = bytes_per_value(kv_cache_type(params.type_k)) + bytes_per_value(kv_cache_type(params.type_v));
+        per_cell += bytes * llama_model_n_layer(m) * (static_cast<double>(llama_model_n_embd(m)) / n_head) *
                     llama_model_n_head_kv(m);
     }
     const double need = per_cell * static_cast<double>(n_ctx);
@@ -88,7 +105,7 @@ Context::Context(std::shared_ptr<const Model> model, const ContextParams & param
         throw InvalidArgument("model is null");
     }
     validate(params_);
-    check_host_memory(*model_, static_cast<int64_t>(params_.n_parallel) * params_.n_ctx_per_seq);
+    check_host_memory(*model_, params_, static_cast<int64_t>(params_.n_parallel) * params_.n_ctx_per_seq);
     if (params_.n_batch == 0) {
         params_.n_batch = std::max(params_.n_parallel, max_ubatch(*model_));
     }
@@ -102,6 +119,9 @@ Context::Context(std::shared_ptr<const Model> model, const ContextParams & param
     cp.n_threads = n_threads_;
     cp.n_threads_batch = n_threads_;
     cp.kv_unified = params_.kv_unified;
+    // flash_attn_type stays llama.cpp's auto, which it turns on for a quantized V cache.
+    cp.type_k = kv_cache_type(params_.type_k);
+    cp.type_v = kv_cache_type(params_.type_v);
     cp.no_perf = true;
     // Device sampling: every slot's chain goes in with the context, so llama.cpp
     // sizes its output buffer (pinned, about 3 x n_vocab floats a slot with samplers) and
@@ -121,7 +141,8 @@ Context::Context(std::shared_ptr<const Model> model, const ContextParams & param
     if (ctx_ == nullptr) {
         const std::string why = last_llama_error();
         throw Error("llama.cpp could not create a context with n_parallel=" + std::to_string(params_.n_parallel) +
-                    ", n_ctx_per_seq=" + std::to_string(params_.n_ctx_per_seq) +
+                    ", n_ctx_per_seq=" + std::to_string(params_.n_ctx_per_seq) + ", type_k=" + params_.type_k +
+                    ", type_v=" + params_.type_v +
                     (why.empty() ? std::string() : ": " + why));
     }
     // Read back what llama.cpp really gave: with kv_unified off each sequence owns

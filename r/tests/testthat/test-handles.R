@@ -82,3 +82,13 @@ test_that("the package reports the library it uses", {
   expect_true(file.exists(file.path(info$include, "fastpar.h")))
   expect_true(file.exists(info$library))
 })
+
+test_that("the KV cache's types are context options", {
+  ctx <- fastpar_context(test_model(), n_parallel = 2, n_ctx_per_seq = 128, type_k = "q8_0", type_v = "q8_0")
+  out <- generate_parallel(ctx, c("The capital of France is", "1, 2, 3,"), max_tokens = 4, temperature = 0)
+  expect_identical(out$finish_reason, c("length", "length"))
+  e <- tryCatch(fastpar_context(test_model(), n_parallel = 1, type_k = "q3"), error = function(e) e)
+  expect_s3_class(e, "fastpar_error")
+  expect_match(conditionMessage(e), "type_k must be one of", fixed = TRUE)
+  expect_error(fastpar_context(test_model(), type_v = 8), "type_v must be one string")
+})
