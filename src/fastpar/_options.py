@@ -101,7 +101,6 @@ def _model_params(n_gpu_layers: object, use_mmap: object) -> _core.ModelParams:
     return params
 
 
-
 def _f32(value: float) -> float:
     """A float32 default as the number it was written as (0.8, not 0.800000011920929)."""
     return float(f"{value:.7g}")
@@ -236,7 +235,6 @@ class SamplingParams:
     def _from_options(cls, call: str, options: Dict[str, Any]) -> "SamplingParams":
         _check_names(call, options)
         return cls(**options)
-
 
 
 #: How each plain option is checked, by the type of the core's field; the options that are
