@@ -122,13 +122,17 @@ def test_queue_full_is_an_error_not_a_hang(model):
     long = dict(max_tokens=200, ignore_eos=True, **GREEDY)
     with fastpar.Engine(model, n_parallel=1, n_ctx_per_seq=256, max_queued=2) as e:
         running = e.submit("Once upon a time", **long)
-        next(iter(running))  # it holds the only slot now
+        # It holds the only slot once it streams. The iterator is kept: one dropped cancels
+        # its request.
+        stream = iter(running)
+        next(stream)
         waiting = [e.submit("Once upon a time", **long) for _ in range(2)]
         with pytest.raises(fastpar.QueueFull, match="max_queued=2"):
             e.submit("x", max_tokens=1)
         assert e.stats().n_queued == 2 and e.stats().n_active == 1
         running.cancel()
-        next(iter(waiting[0]))  # the next one took the slot: one place in the queue is free
+        taken = iter(waiting[0])
+        next(taken)  # the next one took the slot: one place in the queue is free
         waiting.append(e.submit("x", max_tokens=1))
         with pytest.raises(fastpar.QueueFull):
             e.submit("x", max_tokens=1)
