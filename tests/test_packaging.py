@@ -105,7 +105,7 @@ def wheel_env(sdist, tmp_path_factory):
     assert "fetching the pinned source" not in build.stdout + build.stderr
     (built,) = (tmp / "dist").glob("fastpar-*.whl")
     # The native build's CPU code may use the build machine's instruction-set extensions;
-    # the distributed wheel is built with FASTPAR_PORTABLE (README, "Install and build options").
+    # the distributed wheel is built with FASTPAR_PORTABLE (docs/design.md, "Build and vendoring").
     run([sys.executable, "-m", "auditwheel", "repair", "--disable-isa-ext-check", "-w", tmp / "repaired", built])
     (wheel,) = (tmp / "repaired").glob("fastpar-*.whl")
     assert "manylinux" in wheel.name, wheel.name
