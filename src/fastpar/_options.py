@@ -275,12 +275,6 @@ _OPTIONS = {field.name: (field.default, _KEYWORD_TYPES.get(field.name, _HINTS[fi
 SamplingParams.__init__ = _keywords_checked(SamplingParams.__init__)  # type: ignore[method-assign]
 
 
-def _generate_params(call: str, options: Dict[str, Any]) -> _core.GenerateParams:
-    """The generation options, checked, as the core's struct (shared by every entry point).
-    ``call`` names the public function in errors."""
-    return SamplingParams._from_options(call, options)._params
-
-
 def _params_list(call: str, params: object, options: Dict[str, Any], n_prompts: int) -> List[SamplingParams]:
     """``params`` (one SamplingParams, one per prompt, or None) or the keyword options, as
     a list of one entry for all prompts or one per prompt."""
