@@ -120,6 +120,16 @@ def pytest_terminal_summary(terminalreporter):
             f"parting point {max(d[2] for d in DIVERGENCE):.5f} (tolerance {GPU_LOGPROB_TOL})")
 
 
-def assert_clean(ctx: fastpar.Context) -> None:
-    """The cleanup contract: no slot holds a KV position between calls."""
+def assert_clean(ctx) -> None:
+    """The cleanup contract, for a Context between calls or an Engine between steps: a slot
+    holds nothing but what the prefix cache keeps (a prompt that ended normally, from
+    position 0: its KV is as long as the cache says); every other slot is empty."""
+    kv = ctx.kv_seq_pos_max()
+    held = ctx.prefix_cache_stats()
+    assert sum(1 for p in kv if p >= 0) == held.n_slots_held, (kv, held)
+    assert sum(p + 1 for p in kv) == held.n_tokens_held, (kv, held)
+
+
+def assert_empty(ctx) -> None:
+    """No slot holds a KV position (the prefix cache off or cleared, or every request cancelled)."""
     assert ctx.kv_seq_pos_max() == [-1] * ctx.n_parallel

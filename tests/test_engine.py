@@ -11,7 +11,7 @@ import time
 import pytest
 
 import fastpar
-from conftest import GREEDY, MORE_PROMPTS, ON_GPU, assert_as_solo
+from conftest import GREEDY, MORE_PROMPTS, ON_GPU, assert_as_solo, assert_clean
 
 # Mixed prompt lengths: short ones and a few long ones (a couple of hundred tokens).
 LONG = ("Summarise the following notes. " + "The meeting covered budgets, hiring, and the roadmap. " * 12)
@@ -66,7 +66,7 @@ def test_engine_threads_outputs_equal_alone(engine, solo):
     assert s.n_active == 0 and s.n_queued == 0
     assert s.n_gen_tokens == sum(requests[i].result().n_gen_tokens for i in range(40))
     assert s.gen_tokens_per_s > 0
-    assert engine.kv_seq_pos_max() == [-1] * 8
+    assert_clean(engine)
     assert len({r.id for r in requests.values()}) == 40
 
 
@@ -97,7 +97,7 @@ def test_engine_cancellation_leaves_others_intact(engine, solo):
             assert_as_solo([c], [prompt], solo, 32)
     assert n_cancelled >= 5  # most cancels land while queued or running
     assert engine.stats().n_cancelled == n_cancelled
-    assert engine.kv_seq_pos_max() == [-1] * 8
+    assert_clean(engine)
 
 
 @pytest.mark.parametrize("prompt", ["Tell me about the ocean.", "请用中文介绍一下长城。", "Reply with emoji only: 🎉🚀🌍"])
@@ -309,7 +309,7 @@ def test_samples_stream_as_pairs_and_cancel_together(engine):
     next(iter(long))
     long.cancel()  # every sample
     assert [c.finish_reason for c in long.result(timeout=HANG)] == ["cancelled"] * 3
-    assert engine.kv_seq_pos_max() == [-1] * 8
+    assert_clean(engine)
     with pytest.raises(ValueError, match="n_parallel \\+ max_queued"):
         engine.submit("x", n=8 + 1024 + 1)  # more samples than the engine holds: never queued
 

@@ -75,6 +75,8 @@ if mode.startswith("generate"):
         out["message"] = str(e)
     out["calls"] = calls
     out["kv"] = ctx.kv_seq_pos_max()
+    held = ctx.prefix_cache_stats()
+    out["held"] = [held.n_slots_held, held.n_tokens_held]
     out["gen_tokens"] = ctx.last_stats.n_gen_tokens
 elif mode in ("result", "engine_generate", "stream"):
     engine = fastpar.Engine(model, n_parallel=2, n_ctx_per_seq=LONG + 64)
@@ -141,7 +143,10 @@ def test_ctrl_c_in_generate_parallel_raises_keyboard_interrupt(mode):
     # prompts were handed to the callback, which swallowed the pending KeyboardInterrupt.
     seen = _interrupt(mode)
     assert seen["raised"] == "KeyboardInterrupt", seen
-    assert seen["kv"] == [-1] * 4  # the context keeps nothing of the call
+    # The context keeps nothing of the cancelled prompts; a prompt that finished first
+    # (the callback's prompt 0) leaves its KV to the prefix cache, and no more than that.
+    kv, (n_held, n_tokens) = seen["kv"], seen["held"]
+    assert kv[1:] == [-1] * 3 and n_held == (kv[0] >= 0) and n_tokens == kv[0] + 1, seen
     assert seen["gen_tokens"] < 3 * LONG  # stopped part-way
     if "callback" in mode:
         # Only the prompt that finished before the signal; no cancelled prompt is a result.

@@ -11,7 +11,7 @@ import subprocess
 import pytest
 
 import fastpar
-from conftest import N_GPU_LAYERS, ON_GPU
+from conftest import N_GPU_LAYERS, ON_GPU, assert_clean
 from llama_tools import llama_tool
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -106,7 +106,7 @@ def test_batched_scoring_equals_each_pair_alone(model: fastpar.Model, ctx: fastp
                                      PAIRS)
     for a, b in zip(unshared, batched):
         assert b.logprob == pytest.approx(a.logprob, abs=BATCH_TOL)
-    assert ctx.kv_seq_pos_max() == [-1] * ctx.n_parallel
+    assert_clean(ctx)
 
 
 def test_lm_eval_tokenization_of_pairs(model: fastpar.Model, ctx: fastpar.Context) -> None:
@@ -137,7 +137,7 @@ def test_a_failing_pair_fails_alone(model: fastpar.Model, ctx: fastpar.Context) 
         assert b.error is None and b.logprob == pytest.approx(a.logprob, abs=BATCH_TOL)
     with pytest.raises(TypeError):
         fastpar.loglikelihood(ctx, ["not a pair"])
-    assert ctx.kv_seq_pos_max() == [-1] * ctx.n_parallel
+    assert_clean(ctx)
 
 
 def test_prompt_logprobs_in_generation(model: fastpar.Model, ctx: fastpar.Context) -> None:

@@ -77,6 +77,11 @@ typedef struct fastpar_context_params {
        "q8_0" or "q4_0". A quantized V cache turns flash attention on. */
     const char * type_k;
     const char * type_v;
+    /* The prefix cache: a finished prompt's KV stays cached, so later prompts that start with
+       the same tokens decode only the rest. The most host memory (MiB) cached sequences moved
+       out of their slots may take: -1 auto (a quarter of the available memory, at most
+       8192), 0 off (the default: every prompt's KV is removed when it ends). */
+    int32_t prefix_cache_mib;
 } fastpar_context_params;
 
 typedef struct fastpar_generate_params {
@@ -121,6 +126,7 @@ typedef struct fastpar_completion {
     int32_t n_gen_tokens; /* entries in token_ids */
     int32_t n_prompt_tokens;        /* prompt tokens decoded for this prompt */
     int32_t n_prompt_tokens_shared; /* prompt tokens copied from another prompt's KV cache */
+    int32_t n_prompt_tokens_cached; /* prompt tokens an earlier prompt left in the prefix cache */
     fastpar_finish_reason finish_reason;
     char * error;       /* NULL unless finish_reason == FASTPAR_FINISH_ERROR */
     float * logprobs;   /* n_gen_tokens log-probabilities, or NULL unless logprobs was asked for */
@@ -135,6 +141,7 @@ typedef struct fastpar_stats {
     int64_t n_failed;
     int64_t n_prompt_tokens;        /* decoded */
     int64_t n_prompt_tokens_shared; /* copied from another prompt's KV cache */
+    int64_t n_prompt_tokens_cached; /* taken from the prefix cache */
     int64_t n_gen_tokens;
     double t_prompt_ms;
     double t_gen_ms;

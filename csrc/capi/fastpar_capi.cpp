@@ -308,6 +308,7 @@ fastpar_completion * to_c(const std::vector<fastpar::Completion> & out) {
             }
             r.n_prompt_tokens = c.n_prompt_tokens;
             r.n_prompt_tokens_shared = c.n_prompt_tokens_shared;
+            r.n_prompt_tokens_cached = c.n_prompt_tokens_cached;
             r.finish_reason = static_cast<fastpar_finish_reason>(c.finish_reason);
             r.error = c.finish_reason == fastpar::FinishReason::Error ? dup_string(c.error) : nullptr;
         }
@@ -540,6 +541,7 @@ fastpar_status fastpar_context_last_stats(const fastpar_context * ctx, fastpar_s
         out.n_failed = s.n_failed;
         out.n_prompt_tokens = s.n_prompt_tokens;
         out.n_prompt_tokens_shared = s.n_prompt_tokens_shared;
+        out.n_prompt_tokens_cached = s.n_prompt_tokens_cached;
         out.n_gen_tokens = s.n_gen_tokens;
         out.t_prompt_ms = s.t_prompt_ms;
         out.t_gen_ms = s.t_gen_ms;

@@ -26,6 +26,7 @@ void register_engine(py::module_ & m) {
         .def_readonly("n_cancelled", &EngineStats::n_cancelled)
         .def_readonly("n_prompt_tokens", &EngineStats::n_prompt_tokens)
         .def_readonly("n_prompt_tokens_shared", &EngineStats::n_prompt_tokens_shared)
+        .def_readonly("n_prompt_tokens_cached", &EngineStats::n_prompt_tokens_cached)
         .def_readonly("n_gen_tokens", &EngineStats::n_gen_tokens)
         .def_readonly("n_decode_calls", &EngineStats::n_decode_calls)
         .def_readonly("n_padding_tokens", &EngineStats::n_padding_tokens)
@@ -34,7 +35,8 @@ void register_engine(py::module_ & m) {
         .def_property_readonly("gen_tokens_per_s", &EngineStats::gen_tokens_per_s);
     const std::vector<const char *> engine_stats_fields = {
         "n_active", "n_queued", "n_submitted", "n_completed", "n_failed", "n_cancelled", "n_prompt_tokens",
-        "n_prompt_tokens_shared", "n_gen_tokens", "n_decode_calls", "n_padding_tokens", "uptime_s", "busy_s",
+        "n_prompt_tokens_shared", "n_prompt_tokens_cached", "n_gen_tokens", "n_decode_calls", "n_padding_tokens",
+        "uptime_s", "busy_s",
         "gen_tokens_per_s"};
     def_record(engine_stats, "EngineStats", engine_stats_fields, engine_stats_fields);
 
@@ -89,6 +91,8 @@ void register_engine(py::module_ & m) {
              })
         .def("stats", &Engine::stats, py::call_guard<py::gil_scoped_release>())
         .def("seq_pos_max", &Engine::seq_pos_max, py::call_guard<py::gil_scoped_release>())
+        .def("clear_prefix_cache", &Engine::clear_prefix_cache, py::call_guard<py::gil_scoped_release>())
+        .def("prefix_cache_stats", [](const Engine & e) { return e.context().prefix_cache_stats(); })
         .def_property_readonly("n_parallel", [](const Engine & e) { return e.context().params().n_parallel; })
         .def_property_readonly("n_ctx_per_seq", [](const Engine & e) { return e.context().n_ctx_per_seq(); });
 }

@@ -160,6 +160,7 @@ void register_generate(py::module_ & m) {
         })
         .def_readonly("n_prompt_tokens", &Completion::n_prompt_tokens)
         .def_readonly("n_prompt_tokens_shared", &Completion::n_prompt_tokens_shared)
+        .def_readonly("n_prompt_tokens_cached", &Completion::n_prompt_tokens_cached)
         .def_readonly("n_gen_tokens", &Completion::n_gen_tokens)
         .def_readonly("t_queued_ms", &Completion::t_queued_ms)
         .def_readonly("t_first_token_ms", &Completion::t_first_token_ms)
@@ -168,13 +169,14 @@ void register_generate(py::module_ & m) {
                {"finish_reason", "error", "n_prompt_tokens", "n_prompt_tokens_shared", "n_gen_tokens", "t_total_ms",
                 "text"},
                {"text", "token_ids", "logprobs", "top_logprobs", "prompt_token_ids", "prompt_logprobs", "prompt_greedy", "prompt_top_logprobs", "finish_reason", "error", "n_prompt_tokens", "n_prompt_tokens_shared",
-                "n_gen_tokens", "t_queued_ms", "t_first_token_ms", "t_total_ms"});
+                "n_prompt_tokens_cached", "n_gen_tokens", "t_queued_ms", "t_first_token_ms", "t_total_ms"});
 
     auto stats = py::class_<Stats>(m, "Stats", "Statistics of one generate call.")
         .def_readonly("n_prompts", &Stats::n_prompts)
         .def_readonly("n_failed", &Stats::n_failed)
         .def_readonly("n_prompt_tokens", &Stats::n_prompt_tokens)
         .def_readonly("n_prompt_tokens_shared", &Stats::n_prompt_tokens_shared)
+        .def_readonly("n_prompt_tokens_cached", &Stats::n_prompt_tokens_cached)
         .def_readonly("n_gen_tokens", &Stats::n_gen_tokens)
         .def_readonly("t_prompt_ms", &Stats::t_prompt_ms)
         .def_readonly("t_gen_ms", &Stats::t_gen_ms)
@@ -195,11 +197,30 @@ void register_generate(py::module_ & m) {
         .def_property_readonly("gen_tokens_per_s", &Stats::gen_tokens_per_s)
         .def_property_readonly("total_tokens_per_s", &Stats::total_tokens_per_s);
     const std::vector<const char *> stats_fields = {
-        "n_prompts", "n_failed", "n_prompt_tokens", "n_prompt_tokens_shared", "n_gen_tokens", "t_prompt_ms",
+        "n_prompts", "n_failed", "n_prompt_tokens", "n_prompt_tokens_shared", "n_prompt_tokens_cached",
+        "n_gen_tokens", "t_prompt_ms",
         "t_gen_ms", "t_wall_ms", "n_decode_calls", "n_kv_full_retries", "n_device_sampled", "t_sample_ms",
         "n_padding_tokens", "n_grammar_kept", "n_grammar_top", "n_grammar_wider", "n_grammar_whole",
         "n_grammar_cached", "n_threads_low", "backend", "prompt_tokens_per_s", "gen_tokens_per_s", "total_tokens_per_s"};
     def_record(stats, "Stats", stats_fields, stats_fields);
+
+    auto cache_stats = py::class_<PrefixCacheStats>(m, "PrefixCacheStats",
+                                                    "What a context's prefix cache holds and did.")
+        .def_readonly("n_hits", &PrefixCacheStats::n_hits)
+        .def_readonly("n_tokens_reused", &PrefixCacheStats::n_tokens_reused)
+        .def_readonly("n_slots_held", &PrefixCacheStats::n_slots_held)
+        .def_readonly("n_tokens_held", &PrefixCacheStats::n_tokens_held)
+        .def_readonly("n_host_entries", &PrefixCacheStats::n_host_entries)
+        .def_readonly("n_host_tokens", &PrefixCacheStats::n_host_tokens)
+        .def_readonly("bytes_host", &PrefixCacheStats::bytes_host)
+        .def_readonly("budget_bytes", &PrefixCacheStats::budget_bytes)
+        .def_readonly("n_saved", &PrefixCacheStats::n_saved)
+        .def_readonly("n_restored", &PrefixCacheStats::n_restored)
+        .def_readonly("n_evicted", &PrefixCacheStats::n_evicted);
+    const std::vector<const char *> cache_stats_fields = {
+        "n_hits", "n_tokens_reused", "n_slots_held", "n_tokens_held", "n_host_entries", "n_host_tokens", "bytes_host",
+        "budget_bytes", "n_saved", "n_restored", "n_evicted"};
+    def_record(cache_stats, "PrefixCacheStats", cache_stats_fields, cache_stats_fields);
 
     py::class_<Context>(m, "Context", "A llama.cpp context with n_parallel slots.")
         .def(py::init<std::shared_ptr<const Model>, const ContextParams &>(), py::arg("model"), py::arg("params"),
@@ -209,7 +230,11 @@ void register_generate(py::module_ & m) {
              "for all, or one per prompt); results in input order, a prompt's n samples in turn.\n"
              "on_completion(index, completion) is called as each finishes, with its index in the results.")
         .def_property_readonly("last_stats", &Context::last_stats)
-        .def("seq_pos_max", &Context::seq_pos_max, "llama_memory_seq_pos_max of every slot (-1 = empty).")
+        .def("seq_pos_max", &Context::seq_pos_max, "llama_memory_seq_pos_max of every slot (-1 = empty).",
+             py::call_guard<py::gil_scoped_release>())
+        .def("prefix_cache_stats", &Context::prefix_cache_stats)
+        .def("clear_prefix_cache", &Context::clear_prefix_cache, py::call_guard<py::gil_scoped_release>())
+        .def_property_readonly("prefix_cache_mib", [](const Context & c) { return c.params().prefix_cache_mib; })
         .def_property_readonly("n_ctx_per_seq", &Context::n_ctx_per_seq)
         .def_property_readonly("n_threads", &Context::n_threads)
         .def_property_readonly("n_parallel", [](const Context & c) { return c.params().n_parallel; })

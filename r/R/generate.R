@@ -39,6 +39,7 @@
 #'   \item{error}{why the prompt failed, `NA` unless `finish_reason` is `"error"`}
 #'   \item{n_prompt_tokens}{prompt tokens decoded for this prompt}
 #'   \item{n_prompt_tokens_shared}{prompt tokens copied from another prompt's cache}
+#'   \item{n_prompt_tokens_cached}{prompt tokens an earlier prompt left in the prefix cache}
 #'   \item{n_gen_tokens}{tokens generated}
 #'   \item{token_ids}{a list column: the generated token ids}
 #'   }
@@ -106,7 +107,8 @@ generate_parallel <- function(ctx, prompts, max_tokens = NULL, temperature = NUL
 # them against the options fastpar_fields.h gives R.
 .extra_options <- list(
   model = character(),
-  context = c("n_batch", "device_sampling", "warmup", "kv_unified", "share_prefixes", "type_k", "type_v"),
+  context = c("n_batch", "device_sampling", "warmup", "kv_unified", "share_prefixes", "type_k", "type_v",
+              "prefix_cache_mib"),
   generate = c("grammar", "logprobs", "presence_penalty", "frequency_penalty", "repeat_last_n")
 )
 

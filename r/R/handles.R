@@ -80,7 +80,9 @@ fastpar_model <- function(path, n_gpu_layers = NULL, use_mmap = NULL) {
 #' @param ... Further context options of fastpar by name: `n_batch`, `kv_unified`,
 #'   `device_sampling`, `share_prefixes`, `warmup`, and the KV cache's types `type_k` and
 #'   `type_v` (`"f16"`, the default, `"bf16"`, `"f32"`, `"q8_0"` or `"q4_0"`: `"q8_0"` holds
-#'   about 1.9x the positions in the same memory) (docs/api.md of fastpar).
+#'   about 1.9x the positions in the same memory), and `prefix_cache_mib` (the prefix cache's
+#'   host memory in MiB: `-1` sizes it from the free memory; `0`, the default, turns the
+#'   cache off) (docs/api.md of fastpar).
 #' @details Every option left `NULL` takes fastpar's own default, read from the C library
 #'   (`fastpar_context_default_params()`; see [fastpar_default_params()]). The context
 #'   keeps its model alive.
@@ -142,7 +144,7 @@ print.fastpar_context <- function(x, ...) {
 #'
 #' @param ctx A [fastpar_context()].
 #' @return A named list: `n_prompts`, `n_failed`, `n_prompt_tokens`,
-#'   `n_prompt_tokens_shared`, `n_gen_tokens`, times in milliseconds (`t_prompt_ms`,
+#'   `n_prompt_tokens_shared`, `n_prompt_tokens_cached`, `n_gen_tokens`, times in milliseconds (`t_prompt_ms`,
 #'   `t_gen_ms`, `t_wall_ms`, `t_sample_ms`), speeds (`prompt_tokens_per_s`,
 #'   `gen_tokens_per_s`, `total_tokens_per_s`), `n_decode_calls`, `n_kv_full_retries`,
 #'   `n_device_sampled`, `n_padding_tokens`. [generate_parallel()] attaches the same list

@@ -323,12 +323,14 @@ static SEXP fastpar_r_is_live(SEXP ptr) {
 }
 
 static SEXP stats_list(const fastpar_stats * s) {
-    const char * names[] = {"n_prompts", "n_failed", "n_prompt_tokens", "n_prompt_tokens_shared", "n_gen_tokens",
+    const char * names[] = {"n_prompts", "n_failed", "n_prompt_tokens", "n_prompt_tokens_shared",
+                            "n_prompt_tokens_cached", "n_gen_tokens",
                             "t_prompt_ms", "t_gen_ms", "t_wall_ms", "prompt_tokens_per_s", "gen_tokens_per_s",
                             "total_tokens_per_s", "n_decode_calls", "n_kv_full_retries", "n_device_sampled",
                             "t_sample_ms", "n_padding_tokens", ""};
     const double values[] = {(double) s->n_prompts, (double) s->n_failed, (double) s->n_prompt_tokens,
-                             (double) s->n_prompt_tokens_shared, (double) s->n_gen_tokens, s->t_prompt_ms,
+                             (double) s->n_prompt_tokens_shared, (double) s->n_prompt_tokens_cached,
+                             (double) s->n_gen_tokens, s->t_prompt_ms,
                              s->t_gen_ms, s->t_wall_ms, s->prompt_tokens_per_s, s->gen_tokens_per_s,
                              s->total_tokens_per_s, (double) s->n_decode_calls, (double) s->n_kv_full_retries,
                              (double) s->n_device_sampled, s->t_sample_ms, (double) s->n_padding_tokens};
@@ -421,7 +423,8 @@ static SEXP fastpar_r_generate(SEXP ctx_ptr, SEXP prompts, SEXP opts, SEXP per_p
         any_logprobs = any_logprobs || results[k].logprobs != NULL;
     }
     const char * names[] = {"prompt_index", "sample_index", "text", "finish_reason", "error", "n_prompt_tokens",
-                            "n_prompt_tokens_shared", "n_gen_tokens", "token_ids", "logprobs", ""};
+                            "n_prompt_tokens_shared", "n_prompt_tokens_cached", "n_gen_tokens", "token_ids",
+                            "logprobs", ""};
     SEXP cols = PROTECT(Rf_mkNamed(VECSXP, names));
     SEXP prompt_index = Rf_allocVector(INTSXP, n_results);
     SET_VECTOR_ELT(cols, 0, prompt_index);
@@ -437,12 +440,14 @@ static SEXP fastpar_r_generate(SEXP ctx_ptr, SEXP prompts, SEXP opts, SEXP per_p
     SET_VECTOR_ELT(cols, 5, n_prompt);
     SEXP n_shared = Rf_allocVector(INTSXP, n_results);
     SET_VECTOR_ELT(cols, 6, n_shared);
+    SEXP n_cached = Rf_allocVector(INTSXP, n_results);
+    SET_VECTOR_ELT(cols, 7, n_cached);
     SEXP n_gen = Rf_allocVector(INTSXP, n_results);
-    SET_VECTOR_ELT(cols, 7, n_gen);
+    SET_VECTOR_ELT(cols, 8, n_gen);
     SEXP token_ids = Rf_allocVector(VECSXP, n_results);
-    SET_VECTOR_ELT(cols, 8, token_ids);
+    SET_VECTOR_ELT(cols, 9, token_ids);
     SEXP lp = any_logprobs ? Rf_allocVector(VECSXP, n_results) : R_NilValue;
-    SET_VECTOR_ELT(cols, 9, lp);
+    SET_VECTOR_ELT(cols, 10, lp);
 
     /* Prompt i contributes its n samples in turn (fastpar_generate's order). */
     int32_t k = 0;
@@ -457,6 +462,7 @@ static SEXP fastpar_r_generate(SEXP ctx_ptr, SEXP prompts, SEXP opts, SEXP per_p
             SET_STRING_ELT(error, k, c->error != NULL ? Rf_mkCharCE(c->error, CE_UTF8) : NA_STRING);
             INTEGER(n_prompt)[k] = c->n_prompt_tokens;
             INTEGER(n_shared)[k] = c->n_prompt_tokens_shared;
+            INTEGER(n_cached)[k] = c->n_prompt_tokens_cached;
             INTEGER(n_gen)[k] = c->n_gen_tokens;
             SEXP ids = Rf_allocVector(INTSXP, c->n_gen_tokens);
             SET_VECTOR_ELT(token_ids, k, ids);

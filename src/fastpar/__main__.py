@@ -39,9 +39,11 @@ def _check_engine_options(args: argparse.Namespace) -> None:
         _max_queued(args.max_queued)
 
 
-def _kv_types(args: argparse.Namespace) -> Dict[str, str]:
-    """--type-k and --type-v as the library's keywords: those given (else its defaults)."""
-    return {name: getattr(args, name) for name in ("type_k", "type_v") if getattr(args, name) is not None}
+def _kv_types(args: argparse.Namespace) -> Dict[str, object]:
+    """--type-k, --type-v and --prefix-cache-mib as the library's keywords: those given (else
+    its defaults)."""
+    names = ("type_k", "type_v", "prefix_cache_mib")
+    return {name: getattr(args, name) for name in names if getattr(args, name) is not None}
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -70,7 +72,8 @@ def _demo(args: argparse.Namespace) -> int:
         answer = c.text.strip() if c.finish_reason != "error" else f"<error: {c.error}>"
         print(f"A: {answer}")
         shared = f" ({c.n_prompt_tokens_shared} shared)" if c.n_prompt_tokens_shared else ""
-        print(f"   [{c.finish_reason}, {c.n_prompt_tokens + c.n_prompt_tokens_shared} prompt{shared} + "
+        n_prompt = c.n_prompt_tokens + c.n_prompt_tokens_shared + c.n_prompt_tokens_cached
+        print(f"   [{c.finish_reason}, {n_prompt} prompt{shared} + "
               f"{c.n_gen_tokens} generated tokens]\n")
     s = ctx.last_stats
     print("stats:")
@@ -147,6 +150,10 @@ def _engine_options(p: argparse.ArgumentParser) -> None:
         p.add_argument(f"--type-{which}", default=None, metavar="TYPE",
                        help=f"the KV cache's {which.upper()} type: f16 (default), bf16, f32, q8_0 or q4_0; "
                             "q8_0 holds about 1.9x the positions in the same memory (docs/performance.md)")
+    p.add_argument("--prefix-cache-mib", type=int, default=None, metavar="MIB",
+                   help="host memory for the prefix cache, which keeps finished requests' KV so that a "
+                        "later request with the same start (a chat's next turn) decodes only the rest; "
+                        "-1 = a quarter of the available memory, at most 8192; 0 = off (default)")
     p.add_argument("--model-name", default=None, help="the model's name in responses (default: the file's name)")
 
 

@@ -43,6 +43,18 @@ class Context:
     ``"f32"``, ``"q8_0"`` or ``"q4_0"``. ``"q8_0"`` holds about 1.9x the positions of
     ``"f16"`` in the same memory and ``"q4_0"`` about 3.6x, at a small cost in perplexity
     (docs/performance.md, "KV-cache types"); a quantized V cache turns flash attention on.
+    ``prefix_cache_mib``: the prefix cache. On (``-1``, or a budget in MiB), a prompt that
+    ends normally leaves its KV cache (prompt and generated tokens) in its slot, across calls;
+    a later prompt that starts with the same 16 tokens or more takes the slot holding the
+    longest such prefix and decodes only the rest (``n_prompt_tokens_cached`` counts what it
+    reused): a chat's next turn decodes its new message only. When a slot is needed for
+    another prompt, what it held moves to host memory, up to this many MiB (``-1``: a
+    quarter of the memory available when the context is made, at most 8192), least recently
+    used first out. ``0`` (default) is off: every prompt's KV is removed when it ends. The
+    cache reuses only identical tokens from position 0, but a reused prefix was computed in
+    other batch shapes than a fresh decode, which llama.cpp's CPU kernels round differently:
+    a greedy output can part from the cache-off one where two tokens are nearly tied, so
+    with the cache on a call's output may depend on the calls before it.
     """
 
     @_keywords_checked
@@ -52,11 +64,11 @@ class Context:
                  device_sampling: Optional[bool] = None,
                  share_prefixes: bool = _CONTEXT_DEFAULTS.share_prefixes,
                  warmup: Optional[bool] = None, type_k: str = _CONTEXT_DEFAULTS.type_k,
-                 type_v: str = _CONTEXT_DEFAULTS.type_v) -> None:
+                 type_v: str = _CONTEXT_DEFAULTS.type_v, prefix_cache_mib: int = _CONTEXT_DEFAULTS.prefix_cache_mib) -> None:
         if not isinstance(model, Model):
             raise TypeError(f"model must be a fastpar.Model, got {type(model).__name__}")
         params = _context_params(n_parallel, n_ctx_per_seq, n_batch, n_threads, kv_unified, device_sampling,
-                                 share_prefixes, warmup, type_k, type_v)
+                                 share_prefixes, warmup, type_k, type_v, prefix_cache_mib)
         self.model = model
         self._ctx = _core.Context(model._model, params)
 
@@ -103,8 +115,23 @@ class Context:
         """Statistics of the last ``generate_parallel`` call on this context (zeros before any)."""
         return self._ctx.last_stats
 
+    @property
+    def prefix_cache_mib(self) -> int:
+        """The prefix cache's option as given: -1 auto, 0 off, else MiB of host memory."""
+        return self._ctx.prefix_cache_mib
+
+    def prefix_cache_stats(self) -> _core.PrefixCacheStats:
+        """What the prefix cache holds (slots, host entries and their bytes, the budget) and
+        did (hits, tokens reused, sequences saved, restored and evicted) since creation."""
+        return self._ctx.prefix_cache_stats()
+
+    def clear_prefix_cache(self) -> None:
+        """Empty the prefix cache: every slot's KV and every host entry (waits for a running call)."""
+        self._ctx.clear_prefix_cache()
+
     def kv_seq_pos_max(self) -> List[int]:
-        """Highest KV position each slot holds; all ``-1`` between calls."""
+        """Highest KV position each slot holds; -1 = empty. Between calls a slot holds what
+        the prefix cache keeps (all -1 with ``prefix_cache_mib=0`` or after ``clear_prefix_cache()``)."""
         return self._ctx.seq_pos_max()
 
     def __repr__(self) -> str:

@@ -4,7 +4,7 @@ fastpar's native core: many prompts through one llama.cpp model in one batch.
 from __future__ import annotations
 import collections.abc
 import typing
-__all__: list[str] = ['ChatMessage', 'Completion', 'Context', 'ContextParams', 'Engine', 'EngineClosed', 'EngineStats', 'FastparError', 'GenerateParams', 'MAX_TOP_LOGPROBS', 'Model', 'ModelLoadError', 'ModelParams', 'QueueFull', 'RequestHandle', 'Stats', 'backend', 'version']
+__all__: list[str] = ['ChatMessage', 'Completion', 'Context', 'ContextParams', 'Engine', 'EngineClosed', 'EngineStats', 'FastparError', 'GenerateParams', 'MAX_TOP_LOGPROBS', 'Model', 'ModelLoadError', 'ModelParams', 'PrefixCacheStats', 'QueueFull', 'RequestHandle', 'Stats', 'backend', 'version']
 class FastparError(RuntimeError):
     pass
 class ModelLoadError(FastparError):
@@ -125,6 +125,12 @@ class ContextParams:
         ...
     @n_threads.setter
     def n_threads(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def prefix_cache_mib(self) -> int:
+        ...
+    @prefix_cache_mib.setter
+    def prefix_cache_mib(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
         ...
     @property
     def warmup(self) -> int:
@@ -257,6 +263,9 @@ class Completion:
     def n_prompt_tokens(self) -> int:
         ...
     @property
+    def n_prompt_tokens_cached(self) -> int:
+        ...
+    @property
     def n_prompt_tokens_shared(self) -> int:
         ...
     @property
@@ -342,6 +351,9 @@ class Stats:
     def n_prompt_tokens(self) -> int:
         ...
     @property
+    def n_prompt_tokens_cached(self) -> int:
+        ...
+    @property
     def n_prompt_tokens_shared(self) -> int:
         ...
     @property
@@ -368,11 +380,56 @@ class Stats:
     @property
     def total_tokens_per_s(self) -> float:
         ...
+class PrefixCacheStats:
+    """
+    What a context's prefix cache holds and did.
+    """
+    def __repr__(self) -> str:
+        ...
+    def to_dict(self) -> dict[str, typing.Any]:
+        """
+        Every field as a dict of plain values (json.dumps takes it as it is).
+        """
+    @property
+    def budget_bytes(self) -> int:
+        ...
+    @property
+    def bytes_host(self) -> int:
+        ...
+    @property
+    def n_evicted(self) -> int:
+        ...
+    @property
+    def n_hits(self) -> int:
+        ...
+    @property
+    def n_host_entries(self) -> int:
+        ...
+    @property
+    def n_host_tokens(self) -> int:
+        ...
+    @property
+    def n_restored(self) -> int:
+        ...
+    @property
+    def n_saved(self) -> int:
+        ...
+    @property
+    def n_slots_held(self) -> int:
+        ...
+    @property
+    def n_tokens_held(self) -> int:
+        ...
+    @property
+    def n_tokens_reused(self) -> int:
+        ...
 class Context:
     """
     A llama.cpp context with n_parallel slots.
     """
     def __init__(self, model: Model, params: ContextParams) -> None:
+        ...
+    def clear_prefix_cache(self) -> None:
         ...
     def generate(self, prompts: collections.abc.Sequence[str | collections.abc.Sequence[ChatMessage] | collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex]], params: collections.abc.Sequence[GenerateParams], on_completion: collections.abc.Callable[[int, Completion], None] | None = None) -> list[Completion]:
         """
@@ -380,6 +437,8 @@ class Context:
         for all, or one per prompt); results in input order, a prompt's n samples in turn.
         on_completion(index, completion) is called as each finishes, with its index in the results.
         """
+    def prefix_cache_stats(self) -> PrefixCacheStats:
+        ...
     def seq_pos_max(self) -> list[int]:
         """
         llama_memory_seq_pos_max of every slot (-1 = empty).
@@ -404,6 +463,9 @@ class Context:
         ...
     @property
     def n_threads(self) -> int:
+        ...
+    @property
+    def prefix_cache_mib(self) -> int:
         ...
     @property
     def share_prefixes(self) -> bool:
@@ -458,6 +520,9 @@ class EngineStats:
     def n_prompt_tokens(self) -> int:
         ...
     @property
+    def n_prompt_tokens_cached(self) -> int:
+        ...
+    @property
     def n_prompt_tokens_shared(self) -> int:
         ...
     @property
@@ -501,7 +566,11 @@ class Engine:
     """
     def __init__(self, model: Model, params: ContextParams, max_queued: typing.SupportsInt | typing.SupportsIndex) -> None:
         ...
+    def clear_prefix_cache(self) -> None:
+        ...
     def close(self) -> None:
+        ...
+    def prefix_cache_stats(self) -> PrefixCacheStats:
         ...
     def seq_pos_max(self) -> list[int]:
         ...

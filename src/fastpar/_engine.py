@@ -170,12 +170,12 @@ class Engine:
                  device_sampling: Optional[bool] = None,
                  share_prefixes: bool = _CONTEXT_DEFAULTS.share_prefixes,
                  warmup: Optional[bool] = None, type_k: str = _CONTEXT_DEFAULTS.type_k,
-                 type_v: str = _CONTEXT_DEFAULTS.type_v,
+                 type_v: str = _CONTEXT_DEFAULTS.type_v, prefix_cache_mib: int = _CONTEXT_DEFAULTS.prefix_cache_mib,
                  max_queued: int = DEFAULT_MAX_QUEUED) -> None:
         if not isinstance(model, Model):
             raise TypeError(f"model must be a fastpar.Model, got {type(model).__name__}")
         params = _context_params(n_parallel, n_ctx_per_seq, n_batch, n_threads, kv_unified, device_sampling,
-                                 share_prefixes, warmup, type_k, type_v)
+                                 share_prefixes, warmup, type_k, type_v, prefix_cache_mib)
         self.model = model
         self._engine = _core.Engine(model._model, params, _max_queued(max_queued))
 
@@ -283,6 +283,14 @@ class Engine:
         """Active and queued requests, totals, and generated tokens per busy second; counted
         in samples (a request of ``n`` samples counts ``n``, each with its own outcome)."""
         return self._engine.stats()
+
+    def prefix_cache_stats(self) -> _core.PrefixCacheStats:
+        """The prefix cache's counts, as ``Context.prefix_cache_stats()``."""
+        return self._engine.prefix_cache_stats()
+
+    def clear_prefix_cache(self) -> None:
+        """Empty the prefix cache (between steps; running requests go on)."""
+        self._engine.clear_prefix_cache()
 
     def kv_seq_pos_max(self) -> List[int]:
         """Highest KV position each slot holds (read between steps); -1 = empty."""

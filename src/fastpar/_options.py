@@ -71,7 +71,8 @@ def _context_params(n_parallel: object, n_ctx_per_seq: object, n_batch: object, 
                     kv_unified: object, device_sampling: object = None,
                     share_prefixes: object = _CONTEXT_DEFAULTS.share_prefixes,
                     warmup: object = None, type_k: object = _CONTEXT_DEFAULTS.type_k,
-                    type_v: object = _CONTEXT_DEFAULTS.type_v) -> _core.ContextParams:
+                    type_v: object = _CONTEXT_DEFAULTS.type_v,
+                    prefix_cache_mib: object = _CONTEXT_DEFAULTS.prefix_cache_mib) -> _core.ContextParams:
     params = _core.ContextParams()
     _set(params, "n_parallel", _int("n_parallel", n_parallel))
     _set(params, "n_ctx_per_seq", _int("n_ctx_per_seq", n_ctx_per_seq))
@@ -89,6 +90,7 @@ def _context_params(n_parallel: object, n_ctx_per_seq: object, n_batch: object, 
         if not isinstance(value, str):
             raise TypeError(f"{name} must be a str such as 'q8_0', got {type(value).__name__}")
         setattr(params, name, value)
+    _set(params, "prefix_cache_mib", _int("prefix_cache_mib", prefix_cache_mib))
     params.validate()  # ranges, from the core: ValueError naming the option
     return params
 

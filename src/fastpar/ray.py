@@ -253,7 +253,8 @@ class FastparPredictor:
             texts = [c.text for c in completions]
             reasons = [c.finish_reason for c in completions]
             n_gen = [c.n_gen_tokens for c in completions]
-            n_in = completions[0].n_prompt_tokens + completions[0].n_prompt_tokens_shared
+            c0 = completions[0]
+            n_in = c0.n_prompt_tokens + c0.n_prompt_tokens_shared + c0.n_prompt_tokens_cached
             k = len(completions)
         if error and not self.config.should_continue_on_error:
             raise RuntimeError(f"fastpar: a row failed: {error}")

@@ -68,6 +68,10 @@ void validate(const ContextParams & p) {
     }
     check_kv_cache_type("type_k", p.type_k);
     check_kv_cache_type("type_v", p.type_v);
+    if (p.prefix_cache_mib < -1 || p.prefix_cache_mib > kMaxPrefixCacheMib) {
+        bad("prefix_cache_mib must be -1 (auto), 0 (off) or a budget in MiB up to " +
+            std::to_string(kMaxPrefixCacheMib) + ", got " + std::to_string(p.prefix_cache_mib));
+    }
 }
 
 void validate(const GenerateParams & p) {

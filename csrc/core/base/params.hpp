@@ -56,7 +56,24 @@ struct ContextParams {
     // A quantized V cache needs flash attention, which llama.cpp then turns on.
     std::string type_k = "f16";
     std::string type_v = "f16";
+    // The prefix cache (core/loop/prefix_cache.hpp): a finished request's KV stays cached and
+    // later prompts that start with the same tokens decode only the rest. This is the most
+    // host memory, in MiB, that cached sequences moved out of their slots may take; -1 = auto
+    // (a quarter of the available memory, at most kAutoPrefixCacheMaxMib); 0 = off: every
+    // request's KV is removed when it ends. Models whose memory cannot be trimmed by position
+    // (recurrent, hybrid, sliding-window) cache nothing. Off by default: on the CPU a reused
+    // prefix was computed in other batch shapes than a fresh decode, which llama.cpp's kernels
+    // round differently, so a greedy output can part from the cache-off one where two tokens
+    // are nearly tied (docs/internals.md, "The prefix cache"); a call's output would then
+    // depend on the calls before it.
+    int32_t prefix_cache_mib = 0;
 };
+
+// prefix_cache_mib = -1: a quarter of the memory available when the context is made, at
+// most this much (llama-server's --cache-ram default).
+constexpr int64_t kAutoPrefixCacheMaxMib = 8192;
+// The largest prefix_cache_mib accepted (1 TiB).
+constexpr int32_t kMaxPrefixCacheMib = 1 << 20;
 
 // The names type_k and type_v accept (ggml's names of the types).
 inline constexpr const char * kKvCacheTypes[] = {"f16", "bf16", "f32", "q8_0", "q4_0"};

@@ -45,7 +45,9 @@ struct Completion {
     std::string error;                // empty unless finish_reason == Error
     int32_t n_prompt_tokens = 0;      // prompt tokens decoded for this prompt
     int32_t n_prompt_tokens_shared = 0;  // prompt tokens copied from another prompt's KV cache
-                                         // instead (share_prefixes); the prompt has the sum
+                                         // instead (share_prefixes)
+    int32_t n_prompt_tokens_cached = 0;  // prompt tokens whose KV an earlier request left in the
+                                         // prefix cache; the prompt has the sum of the three
     int32_t n_gen_tokens = 0;         // == token_ids.size()
     double t_queued_ms = 0;           // submitted -> admitted into a slot
     double t_first_token_ms = 0;      // submitted -> first token sampled (0 = none was)
@@ -60,6 +62,7 @@ struct Stats {
     int64_t n_failed = 0;         // prompts that ended with finish_reason "error"
     int64_t n_prompt_tokens = 0;  // prompt tokens decoded
     int64_t n_prompt_tokens_shared = 0;  // prompt tokens copied from another prompt's KV cache
+    int64_t n_prompt_tokens_cached = 0;  // prompt tokens taken from the prefix cache
     int64_t n_gen_tokens = 0;     // tokens generated
     double t_prompt_ms = 0;       // time attributed to prompt processing
     double t_gen_ms = 0;          // time attributed to generation (decode + sampling)

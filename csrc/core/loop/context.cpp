@@ -76,6 +76,34 @@ void check_host_memory(const Model & model, const ContextParams & params, int64_
     }
 }
 
+// Host memory the prefix cache may take (ContextParams::prefix_cache_mib): the budget asked
+// for, or with -1 a quarter of the memory available now (MemAvailable: free memory and what
+// the kernel can reclaim), at most kAutoPrefixCacheMaxMib.
+int64_t prefix_cache_budget(int32_t mib) {
+    constexpr int64_t kMib = 1 << 20;
+    if (mib >= 0) {
+        return static_cast<int64_t>(mib) * kMib;
+    }
+    int64_t available = 0;
+    if (std::FILE * f = std::fopen("/proc/meminfo", "r")) {
+        char line[256];
+        while (std::fgets(line, sizeof line, f) != nullptr) {
+            long long kib = 0;
+            if (std::sscanf(line, "MemAvailable: %lld kB", &kib) == 1) {
+                available = static_cast<int64_t>(kib) * 1024;
+                break;
+            }
+        }
+        std::fclose(f);
+    }
+#if defined(_SC_AVPHYS_PAGES) && defined(_SC_PAGESIZE)
+    if (available <= 0) {
+        available = static_cast<int64_t>(sysconf(_SC_AVPHYS_PAGES)) * static_cast<int64_t>(sysconf(_SC_PAGESIZE));
+    }
+#endif
+    return std::min(std::max<int64_t>(0, available / 4), kAutoPrefixCacheMaxMib * kMib);
+}
+
 // llama.cpp's physical batch (n_ubatch) for a model: params.hpp says why.
 int32_t max_ubatch(const Model & model) { return model.on_gpu() ? kGpuBatch : kCpuBatch; }
 
@@ -154,6 +182,12 @@ Context::Context(std::shared_ptr<const Model> model, const ContextParams & param
                                   params_.share_prefixes, params_.n_parallel, n_threads_);
     // Host sampling of many sequences at once uses the decode threads' cores, idle then.
     pool_ = std::make_unique<TaskPool>(std::max(0, n_threads_ - 1), policy_.pool);
+    // Trimming a cached sequence to a prompt's prefix needs a cache indexed by position.
+    if (params_.prefix_cache_mib != 0 && memory_copies_by_position(model_->get())) {
+        cache_ = std::make_unique<PrefixCache>(static_cast<size_t>(params_.n_parallel),
+                                               prefix_cache_budget(params_.prefix_cache_mib),
+                                               static_cast<size_t>(kMinSharedPrefix));
+    }
     // A count the user chose is kept; fastpar's own default adapts to a shared machine.
     governor_ = std::make_unique<ThreadGovernor>(n_threads_, params_.n_threads == 0);
     llama_set_abort_callback(
@@ -250,6 +284,7 @@ void Context::with_scheduler(Stats & stats, const StepPolicy & policy, const std
         grammars_ = std::make_unique<GrammarCache>(model_->vocab(), policy_.mask_workers);
     }
     options.grammars = grammars_.get();
+    options.cache = cache_.get();
     Scheduler scheduler(*model_, ctx_, batch_, options, stats);
     try {
         body(scheduler);
@@ -334,6 +369,19 @@ std::vector<Completion> Context::generate(const std::vector<Prompt> & prompts,
 Stats Context::last_stats() const {
     std::lock_guard<std::mutex> lock(stats_mutex_);
     return last_stats_;
+}
+
+PrefixCacheStats Context::prefix_cache_stats() const { return cache_ ? cache_->stats() : PrefixCacheStats(); }
+
+void Context::clear_prefix_cache() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    clear_prefix_cache_unlocked();
+}
+
+void Context::clear_prefix_cache_unlocked() {
+    if (cache_) {
+        cache_->clear(ctx_);
+    }
 }
 
 std::vector<int32_t> Context::seq_pos_max() const {

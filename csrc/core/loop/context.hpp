@@ -13,6 +13,7 @@
 #include "core/base/params.hpp"
 #include "core/base/results.hpp"
 #include "core/threads/pool.hpp"
+#include "core/loop/prefix_cache.hpp"
 #include "core/loop/scheduler.hpp"
 #include "core/loop/step_policy.hpp"
 #include "core/threads/thread_governor.hpp"
@@ -60,7 +61,15 @@ public:
     void set_abort(bool abort) { abort_.store(abort); }
 
     Stats last_stats() const;
-    // llama_memory_seq_pos_max for every slot: all -1 when nothing is held.
+    // The prefix cache's counts (thread-safe); all zero with prefix_cache_mib = 0.
+    PrefixCacheStats prefix_cache_stats() const;
+    // Empties the prefix cache: every slot's KV and every host entry. Waits for a running
+    // generate call to end.
+    void clear_prefix_cache();
+    // The same, for code already inside with_scheduler's body, between steps.
+    void clear_prefix_cache_unlocked();
+    // llama_memory_seq_pos_max for every slot: all -1 when nothing is held (the prefix
+    // cache off or cleared).
     std::vector<int32_t> seq_pos_max() const;
     // The same, for code already inside with_scheduler's body (which holds the lock).
     std::vector<int32_t> seq_pos_max_unlocked() const;
@@ -106,6 +115,8 @@ private:
     // Device sampling (null: off), with which slots have its chain attached, kept across
     // calls; ~Context detaches them before it frees ctx_.
     std::unique_ptr<DeviceSampling> device_;
+    // What finished requests left in the KV cache, across calls; null when off.
+    std::unique_ptr<PrefixCache> cache_;
     bool warmed_up_ = false;
 };
 

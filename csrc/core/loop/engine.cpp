@@ -224,6 +224,7 @@ void Engine::account(Completion & c, bool started, bool cancelled) {
     }
     totals_.n_prompt_tokens += c.n_prompt_tokens;
     totals_.n_prompt_tokens_shared += c.n_prompt_tokens_shared;
+    totals_.n_prompt_tokens_cached += c.n_prompt_tokens_cached;
     totals_.n_gen_tokens += c.n_gen_tokens;
     switch (c.finish_reason) {
         case FinishReason::Error: ++totals_.n_failed; break;
@@ -364,6 +365,27 @@ EngineStats Engine::stats() const {
     s.n_active = n_unfinished_ - n_waiting_;
     s.uptime_s = std::chrono::duration<double>(Clock::now() - t_start_).count();
     return s;
+}
+
+void Engine::clear_prefix_cache() {
+    auto promise = std::make_shared<std::promise<void>>();
+    auto future = promise->get_future();
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (!closing_) {
+            tasks_.push_back([this, promise] {
+                ctx_->clear_prefix_cache_unlocked();
+                promise->set_value();
+            });
+            cv_.notify_all();
+        }
+    }
+    if (future.wait_for(std::chrono::seconds(0)) == std::future_status::ready || !closed()) {
+        future.get();
+        return;
+    }
+    close();  // closing: the worker has let go of the context
+    ctx_->clear_prefix_cache();
 }
 
 std::vector<int32_t> Engine::seq_pos_max() {

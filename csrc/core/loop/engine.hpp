@@ -50,6 +50,7 @@ struct EngineStats {
     int64_t n_cancelled = 0;
     int64_t n_prompt_tokens = 0;  // over finished requests
     int64_t n_prompt_tokens_shared = 0;
+    int64_t n_prompt_tokens_cached = 0;
     int64_t n_gen_tokens = 0;     // over finished requests
     int64_t n_decode_calls = 0;
     int64_t n_padding_tokens = 0;  // throw-away tokens that kept a step in one forward pass (GPU)
@@ -135,6 +136,8 @@ public:
     void close();
     bool closed() const;
     EngineStats stats() const;
+    // Empties the context's prefix cache, on the worker between steps; returns once done.
+    void clear_prefix_cache();
     // llama_memory_seq_pos_max of every slot, read on the worker between steps.
     std::vector<int32_t> seq_pos_max();
     const Context & context() const { return *ctx_; }

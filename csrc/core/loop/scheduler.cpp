@@ -31,7 +31,7 @@ Scheduler::Scheduler(const Model & model, llama_context * ctx, llama_batch & bat
     : model_(model), ctx_(ctx), threads_(options.threads), mem_(llama_get_memory(ctx)), batch_(batch), n_batch_(options.n_batch),
       n_ctx_seq_(options.n_ctx_seq), stats_(stats), pool_(options.pool), device_(options.device),
       policy_(options.policy), chooser_(options.pool, options.policy.split_rows),
-      grammars_(*options.grammars),
+      grammars_(*options.grammars), cache_(options.cache),
       sharing_(options.policy.share_prefixes || options.policy.share_samples ? static_cast<size_t>(options.n_parallel)
                                                                               : 0) {
     const auto n_parallel = static_cast<size_t>(options.n_parallel);
@@ -99,48 +99,130 @@ void Scheduler::admit() {
         }
     }
     size_t n_taken = 0;
-    for (auto & slot_ptr : slots_) {
-        Slot & slot = *slot_ptr;
-        while (!slot.active() && !queue_.empty()) {
-            Request request = std::move(queue_.front());
-            queue_.pop_front();
-            const GenerateParams & params = *request.params;
-            Tokenized t;
-            if (n_taken < ahead.size()) {
-                t = std::move(ahead[n_taken]);
-            } else {
-                tokenize_prompt(model_, request.prompt, t);
+    const auto has_free = [this] {
+        return std::any_of(slots_.begin(), slots_.end(), [](const std::unique_ptr<Slot> & s) { return !s->active(); });
+    };
+    while (!queue_.empty() && has_free()) {
+        Request request = std::move(queue_.front());
+        queue_.pop_front();
+        const GenerateParams & params = *request.params;
+        Tokenized t;
+        if (n_taken < ahead.size()) {
+            t = std::move(ahead[n_taken]);
+        } else {
+            tokenize_prompt(model_, request.prompt, t);
+        }
+        ++n_taken;
+        if (std::optional<Completion> c = refusal(t, params, n_ctx_seq_)) {
+            if (c->finish_reason == FinishReason::Error) {
+                ++stats_.n_failed;
             }
-            ++n_taken;
-            if (std::optional<Completion> c = refusal(t, params, n_ctx_seq_)) {
-                if (c->finish_reason == FinishReason::Error) {
-                    ++stats_.n_failed;
-                }
-                c->t_queued_ms = c->t_total_ms = ms_since(request.t_submit);
-                request.on_done(std::move(*c));
+            c->t_queued_ms = c->t_total_ms = ms_since(request.t_submit);
+            request.on_done(std::move(*c));
+            continue;
+        }
+        GrammarPtr grammar;
+        if (constrained(params)) {
+            try {
+                grammar = grammars_.make(params);
+            } catch (const std::exception & e) {
+                // This prompt only; never generated without its constraint.
+                ++stats_.n_failed;
+                complete_unstarted(request, FinishReason::Error, e.what());
                 continue;
             }
-            GrammarPtr grammar;
-            if (constrained(params)) {
-                try {
-                    grammar = grammars_.make(params);
-                } catch (const std::exception & e) {
-                    // This prompt only; never generated without its constraint.
-                    ++stats_.n_failed;
-                    complete_unstarted(request, FinishReason::Error, e.what());
-                    continue;
-                }
-            }
-            // Defensive: the slot's sequence must be empty before it is reused.
-            if (llama_memory_seq_pos_max(mem_, slot.seq) >= 0) {
-                llama_memory_seq_rm(mem_, slot.seq, -1, -1);
-            }
-            choose_sampler(slot, params, request.seed);
-            slot.grammar = std::move(grammar);
-            start_slot(slot, std::move(request), std::move(t.tokens));
-            pair_for_sharing(slot);
+        }
+        Slot & slot = pick_slot(t.tokens);
+        choose_sampler(slot, params, request.seed);
+        slot.grammar = std::move(grammar);
+        start_slot(slot, std::move(request), std::move(t.tokens));
+        reuse_cached(slot);
+        pair_for_sharing(slot);
+    }
+}
+
+// The free slot for a prompt: the one whose cached sequence starts like it the longest way
+// (at least the cache's minimum), else an empty one, else the least recently used.
+Slot & Scheduler::pick_slot(const std::vector<llama_token> & tokens) {
+    Slot * best = nullptr;
+    size_t best_n = 0;
+    uint64_t best_since = 0;
+    for (auto & sp : slots_) {
+        if (sp->active()) {
+            continue;
+        }
+        const auto seq = static_cast<size_t>(sp->seq);
+        size_t n = 0;
+        uint64_t since = 0;
+        if (cache_ != nullptr) {
+            n = common_prefix(cache_->held(seq), tokens);
+            n = n >= cache_->min_tokens() ? n : 0;
+            since = cache_->held_since(seq);
+        }
+        if (best == nullptr || n > best_n || (n == best_n && since < best_since)) {
+            best = sp.get();
+            best_n = n;
+            best_since = since;
         }
     }
+    return *best;  // admit() calls it only while a slot is free
+}
+
+// Starts `slot`'s prompt from the longest prefix cached in the slot or in host memory, and
+// trims the slot's sequence to it (prefix_cache.hpp). The last prompt token is always
+// decoded (its logits start generation), and so is every position whose logits score a
+// token (prompt_logprobs). A scoring request takes nothing from it: reused KV was computed in
+// other batch shapes, which round differently, and scores must equal llama-perplexity's.
+void Scheduler::reuse_cached(Slot & slot) {
+    const auto seq = static_cast<size_t>(slot.seq);
+    if (cache_ == nullptr) {
+        // Defensive: the slot's sequence must be empty before it is reused.
+        if (llama_memory_seq_pos_max(mem_, slot.seq) >= 0) {
+            llama_memory_seq_rm(mem_, slot.seq, -1, -1);
+        }
+        return;
+    }
+    const size_t limit = slot.scoring.on() ? 0 : slot.prompt.size() - 1;
+    const std::vector<llama_token> & held = cache_->held(seq);
+    size_t n = std::min(common_prefix(held, slot.prompt), limit);
+    n = n >= cache_->min_tokens() ? n : 0;
+    const CacheMatch host = cache_->longest_on_host(slot.prompt, limit);
+    const bool from_host = host.host >= 0 && host.n >= n + cache_->min_tokens();
+    if (n < held.size() && cache_->worth_saving(seq, from_host ? 0 : n)) {
+        cache_->save(ctx_, seq);  // what this slot held beyond n stays cached in host memory
+    }
+    if (from_host) {
+        llama_memory_seq_rm(mem_, slot.seq, -1, -1);
+        n = cache_->restore(ctx_, host.host, seq) ? host.n : 0;
+    }
+    cache_->release(seq);
+    llama_memory_seq_rm(mem_, slot.seq, static_cast<llama_pos>(n), -1);
+    if (n == 0) {
+        return;
+    }
+    cache_->count_hit(n);
+    slot.n_fed = n;
+    slot.n_past = static_cast<llama_pos>(n);
+    slot.completion.n_prompt_tokens_cached = static_cast<int32_t>(n);
+    stats_.n_prompt_tokens_cached += static_cast<int64_t>(n);
+}
+
+// A unified KV cache found no room: the idle slots' cached sequences take cells the running
+// ones need, so they go first. Returns whether any did.
+bool Scheduler::drop_idle_holds() {
+    bool any = false;
+    for (auto & sp : slots_) {
+        const auto seq = static_cast<size_t>(sp->seq);
+        if (!sp->active() && !cache_->held(seq).empty()) {
+            if (cache_->worth_saving(seq, 0)) {
+                cache_->save(ctx_, seq);
+            }
+            llama_memory_seq_rm(mem_, sp->seq, -1, -1);
+            cache_->release(seq);
+            any = true;
+        }
+    }
+    return any;
 }
 
 // What `slot`'s new prompt has in common with every other active slot's (prefix_sharing.hpp).
@@ -372,6 +454,10 @@ void Scheduler::decode_group(std::vector<Slot *> group) {
     }
     if (rc == 1) {
         ++stats_.n_kv_full_retries;
+        if (cache_ != nullptr && drop_idle_holds()) {
+            decode_group(std::move(group));  // the same batch, with the cells they held
+            return;
+        }
     }
     if (group.size() > 1) {
         // Split: a KV-full batch may fit in halves; an invalid batch (-1 rejects the whole
@@ -491,7 +577,17 @@ void Scheduler::emit_text(Slot & s) {
 }
 
 void Scheduler::finish(Slot & s, FinishReason reason, const std::string & error) {
-    llama_memory_seq_rm(mem_, s.seq, -1, -1);
+    // A request that ended normally leaves its sequence cached: its prompt and the tokens
+    // fed after it (the last one chosen never was). Failed and cancelled ones leave nothing.
+    if (cache_ != nullptr && (reason == FinishReason::Stop || reason == FinishReason::Length) && s.n_past > 0) {
+        std::vector<llama_token> kv(s.prompt.begin(), s.prompt.begin() + static_cast<std::ptrdiff_t>(s.n_fed));
+        const auto n_gen_fed = static_cast<size_t>(s.n_past) - s.n_fed;
+        kv.insert(kv.end(), s.completion.token_ids.begin(),
+                  s.completion.token_ids.begin() + static_cast<std::ptrdiff_t>(n_gen_fed));
+        cache_->hold(static_cast<size_t>(s.seq), std::move(kv));
+    } else {
+        llama_memory_seq_rm(mem_, s.seq, -1, -1);
+    }
     s.sampler.reset();  // an attached device-sampling chain stays, for the slot's next request
     s.grammar.reset();
     s.on_device = false;

@@ -17,6 +17,7 @@
 #include "core/base/params.hpp"
 #include "core/base/results.hpp"
 #include "core/threads/pool.hpp"
+#include "core/loop/prefix_cache.hpp"
 #include "core/loop/prefix_sharing.hpp"
 #include "core/sampling/sampling.hpp"
 #include "core/loop/step_plan.hpp"
@@ -75,6 +76,9 @@ struct SchedulerOptions {
     // Compiled constraints and their allowed-token sets (kept by the context, so that later
     // calls with the same schema start warm); required.
     GrammarCache * grammars = nullptr;
+    // What finished requests left in the KV cache, across calls (kept by the context); null:
+    // every slot's sequence is removed when its request ends.
+    PrefixCache * cache = nullptr;
 };
 
 struct Slot;  // slot.hpp
@@ -105,6 +109,9 @@ private:
     void reap_cancelled();
     void choose_sampler(Slot & slot, const GenerateParams & params, uint32_t seed);
     void admit();  // admit.hpp has its parts
+    Slot & pick_slot(const std::vector<llama_token> & tokens);
+    void reuse_cached(Slot & slot);
+    bool drop_idle_holds();
     void pair_for_sharing(Slot & slot);
     void share_prefixes();
     void emit_text(Slot & slot);
@@ -127,6 +134,7 @@ private:
     StepPolicy policy_;
     TokenChooser chooser_;
     GrammarCache & grammars_;  // json_schema and grammar constraints, compiled once each
+    PrefixCache * cache_;      // may be null
     PrefixSharing sharing_;  // for no slot unless policy_.share_prefixes or share_samples
     std::vector<SharingView> sharing_views_;  // reused each step
     std::vector<PlanInput> plan_inputs_;       // reused each step

@@ -6,7 +6,7 @@ test_that("greedy outputs equal Python's, token for token", {
   res <- generate_parallel(ctx, prompts, max_tokens = 24, temperature = 0)
   expect_s3_class(res, "data.frame")
   expect_identical(names(res), c("text", "finish_reason", "error", "n_prompt_tokens", "n_prompt_tokens_shared",
-                                 "n_gen_tokens", "token_ids"))
+                                 "n_prompt_tokens_cached", "n_gen_tokens", "token_ids"))
   expect_identical(nrow(res), length(prompts))
   expect_true(all(res$finish_reason %in% c("stop", "length")))
   expect_true(all(is.na(res$error)))

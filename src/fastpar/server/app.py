@@ -72,6 +72,36 @@ class _Metrics:
                                 registry=r).set_function(lambda: state.stat("n_queued"))
         prometheus_client.Gauge("fastpar_busy_slots", "Slots generating or reading a prompt",
                                 registry=r).set_function(lambda: state.stat("n_active"))
+        # The prefix cache's own counts: a counter's value is set by a collector, read on scrape.
+        for name, doc, field, kind in (
+                ("fastpar_prefix_cache_hits", "Prompts that started from a cached prefix", "n_hits", "counter"),
+                ("fastpar_prefix_cache_tokens_reused", "Prompt tokens taken from the prefix cache instead of decoded",
+                 "n_tokens_reused", "counter"),
+                ("fastpar_prefix_cache_bytes", "Host memory the prefix cache holds", "bytes_host", "gauge"),
+                ("fastpar_prefix_cache_tokens_held", "Tokens the prefix cache holds, in slots and in host memory",
+                 None, "gauge")):
+            _CacheMetric(r, name, doc, field, kind, state)
+
+
+class _CacheMetric:
+    """One of the prefix cache's counts, read from the engine when /metrics is scraped."""
+
+    def __init__(self, registry, name: str, doc: str, field: Optional[str], kind: str, state: "_State") -> None:
+        self.name, self.doc, self.field, self.kind, self.state = name, doc, field, kind, state
+        registry.register(self)
+
+    def collect(self):
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        s = self.state.cache_stats()
+        if s is None:
+            value = 0.0
+        elif self.field is None:
+            value = float(s.n_tokens_held + s.n_host_tokens)
+        else:
+            value = float(getattr(s, self.field))
+        family = CounterMetricFamily if self.kind == "counter" else GaugeMetricFamily
+        yield family(self.name, self.doc, value=value)
 
 
 class _State:
@@ -96,6 +126,9 @@ class _State:
 
     def stat(self, name: str) -> float:
         return getattr(self.engine.stats(), name) if self.engine is not None else 0
+
+    def cache_stats(self):
+        return self.engine.prefix_cache_stats() if self.engine is not None else None
 
     def ready(self) -> Engine:
         if self.engine is None:
@@ -518,14 +551,15 @@ _SEND_GRACE_S = 5.0
 def serve(model: Optional[str] = None, *, host: str = "127.0.0.1", port: int = 8000, n_parallel: int = 8,
           n_ctx_per_seq: int = N_CTX_PER_SEQ, n_gpu_layers: int = 0, n_threads: Optional[int] = None,
           max_queued: int = 1024, type_k: Optional[str] = None, type_v: Optional[str] = None,
-          api_key: Optional[str] = None, model_name: Optional[str] = None,
+          prefix_cache_mib: Optional[int] = None, api_key: Optional[str] = None, model_name: Optional[str] = None,
           shutdown_timeout: float = 5.0, log_level: str = "info") -> int:
     """Run the server until SIGTERM or Ctrl-C, then stop accepting, give the requests in
     flight up to ``shutdown_timeout`` seconds, cancel the rest (answered 503, or a stream's
     error event) and close the engine; returns 0, or 1 if the model failed to load.
     ``model``: a GGUF path (default: the default model, fetched on first use). The model
     loads once the port is open; ``/health`` answers 503 until it has. ``type_k`` and
-    ``type_v`` are the KV cache's types (``fastpar.Context``; None: its default). A missing model
+    ``type_v`` are the KV cache's types, ``prefix_cache_mib`` the prefix cache's host memory
+    (``fastpar.Context``; None: its default). A missing model
     file, a port out of range or a negative ``shutdown_timeout`` raise ``ValueError`` (or
     ``FileNotFoundError``) before anything starts."""
     import signal
@@ -562,7 +596,8 @@ def serve(model: Optional[str] = None, *, host: str = "127.0.0.1", port: int = 8
         try:
             path = model if model is not None else fastpar.default_model_path()
             m = fastpar.Model(path, n_gpu_layers=n_gpu_layers)
-            kv_types = {k: v for k, v in (("type_k", type_k), ("type_v", type_v)) if v is not None}
+            kv_types = {k: v for k, v in (("type_k", type_k), ("type_v", type_v),
+                                          ("prefix_cache_mib", prefix_cache_mib)) if v is not None}
             return Engine(m, n_parallel=n_parallel, n_ctx_per_seq=n_ctx_per_seq, n_threads=n_threads,
                           max_queued=max_queued, **kv_types)
         except BaseException:

@@ -1,0 +1,101 @@
+// The prefix cache: what a finished request leaves in the KV cache outlives it and its call.
+// A slot that finishes keeps its sequence (prompt and generated tokens) while it is idle;
+// when a new prompt needs the slot, a sequence worth keeping moves to host memory
+// (llama_state_seq_get_data), least recently used entries going first under a byte budget.
+// A new prompt takes the idle slot whose sequence starts like it the longest way, or gets a
+// longer prefix restored from host memory into its slot, and decodes only the rest.
+// Reuse is exact: only positions whose tokens are identical, from position 0, are kept,
+// so a prompt sees no other request's state but the KV of the same token prefix
+// (docs/design.md, "Cleanup"). The Context owns the cache; each call's Scheduler uses it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <vector>
+
+#include "llama.h"
+
+namespace fastpar {
+
+// What the cache holds and did, since the context was made (clear() keeps the counts).
+struct PrefixCacheStats {
+    int64_t n_hits = 0;             // prompts that started from a cached prefix
+    int64_t n_tokens_reused = 0;    // prompt tokens taken from the cache instead of decoded
+    int64_t n_slots_held = 0;       // idle slots holding a cached sequence now
+    int64_t n_tokens_held = 0;      // positions those slots hold in the KV cache
+    int64_t n_host_entries = 0;     // sequences kept in host memory now
+    int64_t n_host_tokens = 0;      // their tokens
+    int64_t bytes_host = 0;         // host memory they take
+    int64_t budget_bytes = 0;       // most host memory they may take
+    int64_t n_saved = 0;            // sequences moved to host memory
+    int64_t n_restored = 0;         // host entries copied back into a slot
+    int64_t n_evicted = 0;          // host entries dropped to stay within the budget
+};
+
+// Where a prompt's longest cached prefix is.
+struct CacheMatch {
+    size_t n = 0;        // tokens it has in common with the prompt
+    int32_t host = -1;   // a host entry's index, or -1: a slot's
+};
+
+class PrefixCache {
+public:
+    // `n_slots` slots; host entries take at most `budget_bytes` (0: none are kept, slots
+    // still keep theirs); a prefix shorter than `min_tokens` is decoded again.
+    PrefixCache(size_t n_slots, int64_t budget_bytes, size_t min_tokens);
+
+    size_t min_tokens() const { return min_tokens_; }
+    // The tokens slot `seq`'s KV holds while it is idle (empty: none).
+    const std::vector<llama_token> & held(size_t seq) const { return held_[seq]; }
+    // Slot `seq` finished and keeps `tokens` (its prompt and fed tokens) in its KV.
+    void hold(size_t seq, std::vector<llama_token> tokens);
+    // Slot `seq` lost what it held (its KV is being cleared or reused).
+    void release(size_t seq);
+
+    // The longest prefix of `prompt` held in host memory, up to `limit` tokens.
+    CacheMatch longest_on_host(const std::vector<llama_token> & prompt, size_t limit) const;
+    // When slot `seq` last finished (a count; 0: it holds nothing): the least recently
+    // used idle slot is the one reused first.
+    uint64_t held_since(size_t seq) const { return held_[seq].empty() ? 0 : held_since_[seq]; }
+    // Whether slot `seq`'s held sequence should move to host memory before the slot is
+    // reused with its first `kept` tokens kept: it is long enough, and enough of it is held
+    // nowhere else.
+    bool worth_saving(size_t seq, size_t kept) const;
+    // Moves slot `seq`'s held sequence to host memory (its KV stays, for the caller to reuse
+    // or clear), evicting least recently used entries to stay within the budget. Returns
+    // false if it did not fit or llama.cpp gave no state.
+    bool save(llama_context * ctx, size_t seq);
+    // Copies host entry `host` into slot `seq` (whose sequence must be empty); touches it.
+    // Returns false if llama.cpp refused the state (the entry is then dropped).
+    bool restore(llama_context * ctx, int32_t host, size_t seq);
+
+    // A prompt started from `n` cached tokens.
+    void count_hit(size_t n);
+    // Removes what idle slots hold from the KV cache and drops every host entry. Call it
+    // between steps (the slots of running requests hold nothing here).
+    void clear(llama_context * ctx);
+
+    PrefixCacheStats stats() const;
+
+private:
+    struct HostEntry {
+        std::vector<llama_token> tokens;
+        std::vector<uint8_t> state;  // llama_state_seq_get_data's bytes
+        uint64_t last_used = 0;
+    };
+    void evict_to(int64_t bytes_free);
+    void drop_host(size_t i);
+    void update_counts();
+
+    size_t min_tokens_;
+    int64_t budget_;
+    uint64_t clock_ = 0;
+    std::vector<std::vector<llama_token>> held_;  // per slot
+    std::vector<uint64_t> held_since_;            // per slot
+    std::vector<HostEntry> host_;
+    mutable std::mutex stats_mutex_;  // stats_ is read from other threads (metrics)
+    PrefixCacheStats stats_;
+};
+
+}  // namespace fastpar

@@ -1,0 +1,262 @@
+"""The prefix cache: what a finished prompt leaves in the KV cache serves later prompts that
+start with the same tokens, across calls, slots, the Engine and host memory.
+
+What is exact: with one token a step (n_batch=1) a cached prefix was computed in the very
+shapes a fresh decode uses, and every output, log-probabilities included, equals the cache
+off bit for bit (test_reuse_is_exact_in_the_same_batch_shapes). Otherwise a reused prefix was
+computed in other batch shapes (chunk cuts, generated tokens one a step), which llama.cpp's
+kernels round differently, on the CPU too: greedy runs agree until two tokens are nearly
+tied, and then may part (measured on the default model: up to 0.12 apart in log-probability
+on a 200-token chat prompt). Those tests check what a wrong KV would break: each token's
+log-probability equals the cache-off run's within CLOSE until the runs part."""
+
+from __future__ import annotations
+
+import resource
+import threading
+
+import pytest
+
+import fastpar
+from conftest import PROMPTS, assert_clean, assert_empty
+
+GREEDY = dict(temperature=0.0, logprobs=True)
+CLOSE = 0.25  # nats: a wrong KV moves log-probabilities by whole units
+
+# A system prompt of about 200 tokens, long enough that reusing it shows.
+SYSTEM = ("You are a helpful assistant for a small bakery. You answer questions about bread, cakes and "
+          "pastries, opening hours and prices. Be brief and friendly, and never invent prices. ") * 4
+QUESTIONS = [
+    "What time do you open on Sundays?",
+    "Do you sell gluten-free bread?",
+    "How much is a croissant?",
+    "Can I order a birthday cake?",
+    "What is your most popular pastry?",
+    "Where is the bakery?",
+]
+
+
+def _ctx(model, **kw) -> fastpar.Context:
+    kw.setdefault("n_parallel", 4)
+    kw.setdefault("n_ctx_per_seq", 1024)
+    kw.setdefault("prefix_cache_mib", -1)
+    return fastpar.Context(model, **kw)
+
+
+def _same(a, b, what, exact=False):
+    assert len(a) == len(b)
+    for i, (x, y) in enumerate(zip(a, b)):
+        assert x.finish_reason in ("stop", "length"), x.error
+        if exact:
+            assert (x.token_ids, x.logprobs) == (y.token_ids, y.logprobs), f"{what}, prompt {i}"
+            continue
+        n = min(len(x.token_ids), len(y.token_ids))
+        k = next((j for j in range(n) if x.token_ids[j] != y.token_ids[j]), n)
+        worst = max((abs(x.logprobs[j] - y.logprobs[j]) for j in range(min(k + 1, n))), default=0.0)
+        assert worst <= CLOSE, f"{what}, prompt {i}: log-probabilities {worst:.3f} apart up to token {k}"
+
+
+def test_repeated_calls_reuse_the_prefix_and_equal_the_cache_off(model):
+    on, off = _ctx(model), _ctx(model, prefix_cache_mib=0)
+    assert fastpar.Context(model, n_parallel=1, n_ctx_per_seq=64).prefix_cache_mib == 0  # off by default
+    for call in range(3):
+        prompts = [SYSTEM + q for q in QUESTIONS[call:call + 4]]
+        got = fastpar.generate_parallel(on, prompts, max_tokens=24, **GREEDY)
+        want = fastpar.generate_parallel(off, prompts, max_tokens=24, **GREEDY)
+        _same(got, want, f"call {call}")
+        s = on.last_stats
+        assert s.n_prompt_tokens_cached == sum(c.n_prompt_tokens_cached for c in got)
+        assert s.n_prompt_tokens == sum(c.n_prompt_tokens for c in got)
+        # Every prompt's tokens are decoded, shared within the call, or taken from the cache.
+        for c, w in zip(got, want):
+            assert c.n_prompt_tokens + c.n_prompt_tokens_shared + c.n_prompt_tokens_cached == \
+                w.n_prompt_tokens + w.n_prompt_tokens_shared
+        if call > 0:
+            # The system prompt comes from the cache: each prompt decodes its question alone.
+            n_system = len(model.tokenize(SYSTEM))
+            assert all(c.n_prompt_tokens_cached >= n_system - 2 for c in got), [c.n_prompt_tokens_cached for c in got]
+            assert s.n_prompt_tokens < 4 * 20
+        assert off.last_stats.n_prompt_tokens_cached == 0
+        assert_clean(on)
+        assert_empty(off)  # the cache off: the old contract, nothing kept
+    stats = on.prefix_cache_stats()
+    assert stats.n_hits >= 8 and stats.n_tokens_reused == stats.n_tokens_reused
+    assert stats.n_slots_held == 4 and stats.budget_bytes > 0
+    assert off.prefix_cache_stats().n_hits == 0
+
+
+def test_multi_turn_chat_decodes_each_turn_once(model):
+    """Each turn carries the ones before it, as a chat client sends it; both contexts get the
+    same conversation (the cache-off answers), so every turn compares the same prompt."""
+    on, off = _ctx(model, n_parallel=2), _ctx(model, n_parallel=2, prefix_cache_mib=0)
+    messages = [{"role": "system", "content": SYSTEM}]
+    got = []
+    for turn in range(4):
+        messages.append({"role": "user", "content": QUESTIONS[turn]})
+        (c,) = fastpar.generate_parallel(on, [messages], max_tokens=20, **GREEDY)
+        (w,) = fastpar.generate_parallel(off, [messages], max_tokens=20, **GREEDY)
+        _same([c], [w], f"turn {turn}")
+        got.append(c)
+        messages.append({"role": "assistant", "content": w.text})
+    for turn in range(1, 4):
+        # The rendered conversation so far is cached: the turn decodes its new message, and
+        # the answer where it differs from what this context generated.
+        assert got[turn].n_prompt_tokens_cached > got[turn - 1].n_prompt_tokens_cached
+        assert got[turn].n_prompt_tokens < 60, got[turn].n_prompt_tokens
+    assert_clean(on)
+
+
+def test_reuse_is_exact_in_the_same_batch_shapes(model):
+    """One token a step: chat turns, and two conversations taking turns through one slot
+    (each moved to host memory and back), equal the cache off bit for bit."""
+    on = _ctx(model, n_parallel=1, n_batch=1, n_ctx_per_seq=512)
+    off = _ctx(model, n_parallel=1, n_batch=1, n_ctx_per_seq=512, prefix_cache_mib=0)
+
+    def turns(ctx):
+        convs = [[{"role": "system", "content": f"You are assistant number {u}. " + SYSTEM[:200]}] for u in range(2)]
+        out = []
+        for turn in range(2):
+            for u in range(2):
+                convs[u].append({"role": "user", "content": QUESTIONS[turn + 2 * u]})
+                (c,) = fastpar.generate_parallel(ctx, [convs[u]], max_tokens=8, **GREEDY)
+                convs[u].append({"role": "assistant", "content": c.text})
+                out.append(c)
+        return out
+
+    got = turns(on)
+    _same(got, turns(off), "one token a step", exact=True)
+    assert on.prefix_cache_stats().n_restored >= 2 and all(c.n_prompt_tokens_cached > 40 for c in got[2:])
+
+
+def test_engine_under_concurrent_load_equals_the_cache_off(model):
+    results = {}
+
+    def users(engine, key):
+        out = [None] * 4
+
+        def user(u):
+            messages = [{"role": "system", "content": SYSTEM}]
+            texts = []
+            for turn in range(3):
+                messages.append({"role": "user", "content": QUESTIONS[(u + turn) % len(QUESTIONS)]})
+                c = engine.generate(messages, max_tokens=16, **GREEDY)
+                texts.append(c)
+                # A fixed answer: both engines then see the same conversations.
+                messages.append({"role": "assistant", "content": f"Answer {turn} for user {u}."})
+            out[u] = texts
+
+        threads = [threading.Thread(target=user, args=(u,)) for u in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        results[key] = out
+
+    with fastpar.Engine(model, n_parallel=2, n_ctx_per_seq=1024, prefix_cache_mib=-1) as on:
+        users(on, "on")
+        assert on.stats().n_prompt_tokens_cached > 0
+        assert on.prefix_cache_stats().n_hits > 0
+        assert_clean(on)
+        on.clear_prefix_cache()
+        assert_empty(on)
+    with fastpar.Engine(model, n_parallel=2, n_ctx_per_seq=1024, prefix_cache_mib=0) as off:
+        users(off, "off")
+        assert off.stats().n_prompt_tokens_cached == 0
+    for u in range(4):
+        _same(results["on"][u], results["off"][u], f"user {u}")
+
+
+def test_host_memory_restores_a_conversation_its_slot_gave_up(model):
+    """One slot, two conversations taking turns: each turn moves the other conversation to
+    host memory and brings its own back."""
+    on, off = _ctx(model, n_parallel=1), _ctx(model, n_parallel=1, prefix_cache_mib=0)
+
+    def turns(ctx):
+        convs = [[{"role": "system", "content": f"You are assistant number {u}. " + SYSTEM}] for u in range(2)]
+        out = []
+        for turn in range(3):
+            for u in range(2):
+                convs[u].append({"role": "user", "content": QUESTIONS[turn + 2 * u]})
+                (c,) = fastpar.generate_parallel(ctx, [convs[u]], max_tokens=12, **GREEDY)
+                convs[u].append({"role": "assistant", "content": f"Answer {turn}."})  # the same for both
+                out.append(c)
+        return out
+
+    got, want = turns(on), turns(off)
+    _same(got, want, "two conversations in one slot")
+    s = on.prefix_cache_stats()
+    assert s.n_saved >= 2 and s.n_restored >= 4, s
+    assert all(c.n_prompt_tokens_cached > 150 for c in got[2:]), [c.n_prompt_tokens_cached for c in got]
+    # A conversation's new turn supersedes its earlier entry: two entries at most.
+    assert s.n_host_entries <= 2 and 0 < s.bytes_host <= s.budget_bytes
+    on.clear_prefix_cache()
+    s = on.prefix_cache_stats()
+    assert (s.n_host_entries, s.bytes_host, s.n_slots_held, s.n_tokens_held) == (0, 0, 0, 0)
+    assert_empty(on)
+    # Cleared, it starts cold and still answers the same.
+    (again,) = fastpar.generate_parallel(on, [[{"role": "system", "content": SYSTEM},
+                                               {"role": "user", "content": QUESTIONS[0]}]], max_tokens=12, **GREEDY)
+    assert again.n_prompt_tokens_cached == 0
+
+
+def test_eviction_under_a_tiny_budget_stays_correct_and_within_it(model):
+    """A 1 MiB budget holds about 40 positions of the default model: every conversation's
+    entry is larger, so none is kept in host memory, and nothing else changes."""
+    on = _ctx(model, n_parallel=1, prefix_cache_mib=1)
+    off = _ctx(model, n_parallel=1, prefix_cache_mib=0)
+    prompts = [f"Story {i}: " + PROMPTS[i % len(PROMPTS)] * 3 for i in range(6)]
+    for p in prompts + prompts:
+        (a,) = fastpar.generate_parallel(on, [p], max_tokens=8, **GREEDY)
+        (b,) = fastpar.generate_parallel(off, [p], max_tokens=8, **GREEDY)
+        _same([a], [b], p)
+        s = on.prefix_cache_stats()
+        assert s.bytes_host <= s.budget_bytes == 1 << 20
+
+
+def test_memory_stays_within_the_budget(model):
+    """Many different long prompts through one slot with an 8 MiB budget: host entries are
+    evicted least recently used first, and the process grows by no more than the budget
+    (resident memory, measured; plus slack for allocator noise)."""
+    budget = 8
+    ctx = _ctx(model, n_parallel=1, n_ctx_per_seq=512, prefix_cache_mib=budget)
+    words = "river mountain cloud forest stone meadow harbour lantern".split()
+    prompts = [" ".join(words[(i * 7 + j) % 8] + str(i) for j in range(120)) for i in range(40)]
+    fastpar.generate_parallel(ctx, prompts[:2], max_tokens=2, **GREEDY)  # warm allocations
+    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+    for p in prompts:
+        fastpar.generate_parallel(ctx, [p], max_tokens=2, **GREEDY)
+        s = ctx.prefix_cache_stats()
+        assert s.bytes_host <= s.budget_bytes
+    s = ctx.prefix_cache_stats()
+    assert s.n_saved >= 20 and s.n_evicted > 0, s
+    grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0) / 1024
+    assert grown_mib <= budget + 32, grown_mib
+
+
+def test_scoring_with_the_cache_equals_without(model):
+    on, off = _ctx(model), _ctx(model, prefix_cache_mib=0)
+    pairs = [(SYSTEM + q, " We open at nine.") for q in QUESTIONS[:4]]
+    for _ in range(2):  # the second round starts from the cache
+        a = fastpar.loglikelihood(on, pairs)
+        b = fastpar.loglikelihood(off, pairs)
+        for x, y in zip(a, b):
+            assert x.error is None and y.error is None
+            assert x.logprob == y.logprob
+    # Scores take nothing from the cache (reused KV rounds differently; scores must equal
+    # llama-perplexity's), but leave their prompts to it.
+    assert on.prefix_cache_stats().n_tokens_reused == 0 and on.prefix_cache_stats().n_slots_held > 0
+    for _ in range(2):
+        a, b = fastpar.perplexity(on, SYSTEM, n_ctx=64), fastpar.perplexity(off, SYSTEM, n_ctx=64)
+        assert a.error is None and a.n_chunks >= 2
+        assert a.perplexity == b.perplexity
+    assert_clean(on)
+
+
+def test_prefix_cache_option_is_checked(model):
+    with pytest.raises(ValueError, match="prefix_cache_mib"):
+        fastpar.Context(model, prefix_cache_mib=-2)
+    with pytest.raises(TypeError, match="prefix_cache_mib"):
+        fastpar.Context(model, prefix_cache_mib="big")
+    with pytest.raises(ValueError, match="prefix_cache_mib"):
+        fastpar.Context(model, prefix_cache_mib=1 << 40)
+    assert fastpar.Context(model, n_parallel=1, n_ctx_per_seq=64, prefix_cache_mib=-1).prefix_cache_mib == -1
