@@ -85,11 +85,11 @@ class Proc:
             self.proc.wait()
 
 
-def fastpar_server(model: str, n_par: int, n_ctx: int, threads: int) -> Proc:
+def fastpar_server(model: str, n_par: int, n_ctx: int, threads: int, extra: list = ()) -> Proc:
     return Proc("fastpar serve", [sys.executable, "-m", "fastpar", "serve", model, "--host", "127.0.0.1",
                                   "--n-parallel", str(n_par), "--n-ctx-per-seq", str(n_ctx), "--n-threads",
                                   str(threads), "--n-gpu-layers", str(bench_run.Target.n_gpu_layers),
-                                  "--max-queued", "100000", "--log-level", "warning"])
+                                  "--max-queued", "100000", "--log-level", "warning", *extra])
 
 
 def llama_server(binary: str, model: str, n_par: int, n_ctx: int, threads: int, extra: list) -> Proc:
@@ -143,36 +143,51 @@ class HealthProbe:
         self.thread.join()
 
 
-async def http_load(url: str, requests: list, users: int) -> dict:
-    # A new connection for every request, to both servers: llama-server (cpp-httplib) closes
-    # a kept-alive connection after a few requests, and a request sent on it just then fails
-    # (retrying it would put the client's back-off into the measurement).
+def async_client(url: str, users: int) -> "openai.AsyncOpenAI":
+    """The async openai client of `users` concurrent users. A new connection for every
+    request, to every server: llama-server (cpp-httplib) closes a kept-alive connection after
+    a few requests, and a request sent on it just then fails (retrying it would put the
+    client's back-off into the measurement)."""
     limits = httpx.Limits(max_connections=users + 8, max_keepalive_connections=0)
-    async with openai.AsyncOpenAI(base_url=url, api_key="x", max_retries=0, timeout=3600,
-                                  http_client=openai.DefaultAsyncHttpxClient(limits=limits)) as client:
+    return openai.AsyncOpenAI(base_url=url, api_key="x", max_retries=0, timeout=3600,
+                              http_client=openai.DefaultAsyncHttpxClient(limits=limits))
+
+
+async def stream(client: "openai.AsyncOpenAI", b: dict) -> dict:
+    """Sends one streamed request (a body of body_of's shape) -> ttft (seconds from sending to
+    the first text; to the end if none came), text, gen and prompt (its usage's tokens)."""
+    t0 = time.perf_counter()
+    first, pieces, gen, prompt = None, [], 0, 0
+    if "messages" in b:
+        chunks = await client.chat.completions.create(**b)
+    else:
+        chunks = await client.completions.create(**b)
+    async for chunk in chunks:
+        if chunk.choices:
+            c = chunk.choices[0]
+            text = c.delta.content if hasattr(c, "delta") else c.text
+            if text:
+                if first is None:
+                    first = time.perf_counter() - t0
+                pieces.append(text)
+        if chunk.usage is not None:
+            gen += chunk.usage.completion_tokens
+            prompt += chunk.usage.prompt_tokens
+    return dict(ttft=first if first is not None else time.perf_counter() - t0, text="".join(pieces), gen=gen,
+                prompt=prompt)
+
+
+async def http_load(url: str, requests: list, users: int) -> dict:
+    async with async_client(url, users) as client:
         queue = list(reversed(requests))
         ttfts, gen, prompt = [], [0], [0]
 
         async def user():
             while queue:
-                req = queue.pop()
-                b = body_of(req)
-                t0 = time.perf_counter()
-                first = None
-                if "messages" in b:
-                    stream = await client.chat.completions.create(**b)
-                else:
-                    stream = await client.completions.create(**b)
-                async for chunk in stream:
-                    if first is None and chunk.choices:
-                        c = chunk.choices[0]
-                        text = c.delta.content if hasattr(c, "delta") else c.text
-                        if text:
-                            first = time.perf_counter() - t0
-                    if chunk.usage is not None:
-                        gen[0] += chunk.usage.completion_tokens
-                        prompt[0] += chunk.usage.prompt_tokens
-                ttfts.append(first if first is not None else time.perf_counter() - t0)
+                r = await stream(client, body_of(queue.pop()))
+                gen[0] += r["gen"]
+                prompt[0] += r["prompt"]
+                ttfts.append(r["ttft"])
 
         t0 = time.perf_counter()
         with HealthProbe(url[:-len("/v1")]) as probe:
