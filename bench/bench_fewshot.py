@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Few-shot extraction in chunks: one Context's prefix cache on (its default) and off
-(prefix_cache_mib=0) on a job whose calls all begin with the same long prefix.
+"""Few-shot extraction in chunks: one Context's prefix cache on (prefix_cache_mib=-1) and off
+(its default, prefix_cache_mib=0) on a job whose calls all begin with the same long prefix.
 
 The job: --prompts prompts (default 400), each a --prefix-tokens few-shot prefix (default
 1,500, the same in every prompt) followed by a document of its own (--doc-tokens, default
@@ -41,8 +41,8 @@ HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import run as bench_run  # noqa: E402  (make_prompts, gpu_name)
 
-# Each setting's Context keywords: the cache at its default (on, auto budget) and off.
-SETTINGS = {"cache off": dict(prefix_cache_mib=0), "cache on": {}}
+# Each setting's Context keywords: the cache on (auto budget) and off (the default).
+SETTINGS = {"cache off": dict(prefix_cache_mib=0), "cache on": dict(prefix_cache_mib=-1)}
 
 
 def job(model: fastpar.Model, prompts: list, args, setting: str) -> dict:

@@ -15,8 +15,8 @@ the chat template adds a few tokens to each message.
 
 Servers, each with --parallel slots (default: one per user), --threads threads and a
 context per slot that holds a whole conversation (at least 4096):
-  * fastpar serve with its defaults (prefix cache on, auto budget);
-  * fastpar serve --prefix-cache-mib 0 (prefix cache off);
+  * fastpar serve --prefix-cache-mib -1 (prefix cache on, auto budget);
+  * fastpar serve with its defaults (prefix cache off, as --prefix-cache-mib 0);
   * llama-server at its defaults (cache_prompt on, --cache-ram 8192 MiB) and at each other
     setting of LLAMA_SETTINGS; the fastest of these by generated tokens/s is "best".
 Each server is started afresh for every run (no cache survives from an earlier run) and
@@ -62,7 +62,7 @@ import run as bench_run  # noqa: E402  (build_baselines, make_prompts, Target)
 # lifts its limit; -kvu shares one KV buffer among the slots (its default without -np).
 LLAMA_SETTINGS = {"defaults": [], "cache-ram-0": ["--cache-ram", "0"], "cache-ram-unlimited": ["--cache-ram", "-1"],
                   "kvu": ["-kvu"]}
-FASTPAR_ON, FASTPAR_OFF = "fastpar serve (cache on)", "fastpar serve --prefix-cache-mib 0"
+FASTPAR_ON, FASTPAR_OFF = "fastpar serve --prefix-cache-mib -1", "fastpar serve --prefix-cache-mib 0"
 REUSED = {"fastpar": "fastpar_prefix_cache_tokens_reused_total", "llama": "llamacpp:prompt_tokens_cached_total"}
 
 
@@ -139,7 +139,8 @@ def main() -> int:
     # A whole conversation per slot: every message, its template's tokens (a few) and answer.
     n_ctx = max(4096, args.system_tokens + args.turns * (args.turn_tokens + args.new_tokens + 32) + 64)
 
-    servers = {FASTPAR_ON: lambda: bench_server.fastpar_server(path, n_par, n_ctx, args.threads),
+    servers = {FASTPAR_ON: lambda: bench_server.fastpar_server(path, n_par, n_ctx, args.threads,
+                                                               ["--prefix-cache-mib", "-1"]),
                FASTPAR_OFF: lambda: bench_server.fastpar_server(path, n_par, n_ctx, args.threads,
                                                                 ["--prefix-cache-mib", "0"])}
     for s in settings:

@@ -85,6 +85,11 @@ def test_models_health_metrics(url, client, engine):
     m = httpx.get(url + "/metrics").text
     assert 'fastpar_requests_total{endpoint="completions",outcome="success"}' in m
     assert "fastpar_time_to_first_token_seconds_bucket" in m and "fastpar_busy_slots 0.0" in m
+    # The prefix cache's counts are the engine's own (its cache is off by default here).
+    s = engine.prefix_cache_stats()
+    assert f"fastpar_prefix_cache_tokens_reused_total {float(s.n_tokens_reused)}" in m
+    assert "fastpar_prefix_cache_hits_total" in m and "fastpar_prefix_cache_bytes" in m
+    assert "fastpar_prefix_cache_tokens_held" in m
 
 
 def test_chat_stream_equals_whole_and_usage_counts_tokens(client, model, engine):
