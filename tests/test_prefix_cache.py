@@ -12,6 +12,8 @@ log-probability equals the cache-off run's within CLOSE until the runs part."""
 
 from __future__ import annotations
 
+import gc
+import pathlib
 import resource
 import threading
 
@@ -260,3 +262,73 @@ def test_prefix_cache_option_is_checked(model):
     with pytest.raises(ValueError, match="prefix_cache_mib"):
         fastpar.Context(model, prefix_cache_mib=1 << 40)
     assert fastpar.Context(model, n_parallel=1, n_ctx_per_seq=64, prefix_cache_mib=-1).prefix_cache_mib == -1
+
+
+def test_a_folder_keeps_the_cache_across_restarts_and_refuses_other_files(model, tmp_path):
+    """Written when the context is freed, read back by a context of the same model file and
+    KV types; another model file, another KV type, a file naming another build and a
+    damaged file are refused, never loaded. One token a step: reloaded KV is bit-exact."""
+    folder = tmp_path / "cache"
+    kw = dict(n_parallel=1, n_batch=1, n_ctx_per_seq=512)
+    chat = [{"role": "system", "content": SYSTEM[:300]}, {"role": "user", "content": QUESTIONS[0]}]
+    first = _ctx(model, prefix_cache_dir=folder, **kw)
+    assert first.prefix_cache_dir == str(folder)
+    (a,) = fastpar.generate_parallel(first, [chat], max_tokens=8, **GREEDY)
+    del first  # freed: written
+    gc.collect()
+    files = sorted(folder.glob("*.fpcache"))
+    assert len(files) == 1
+
+    again = _ctx(model, prefix_cache_dir=folder, **kw)
+    s = again.prefix_cache_stats()
+    assert (s.n_loaded, s.n_refused, s.n_host_entries) == (1, 0, 1)
+    (b,) = fastpar.generate_parallel(again, [chat], max_tokens=8, **GREEDY)
+    assert b.n_prompt_tokens_cached == a.n_prompt_tokens - 1  # all but the last prompt token
+    off = _ctx(model, prefix_cache_mib=0, **kw)
+    (c,) = fastpar.generate_parallel(off, [chat], max_tokens=8, **GREEDY)
+    assert (b.token_ids, b.logprobs) == (c.token_ids, c.logprobs) == (a.token_ids, a.logprobs)
+    again.save_prefix_cache()
+    assert len(list(folder.glob("*.fpcache"))) >= 1
+
+    # Another model file (the same weights with a byte appended: another fingerprint).
+    other_path = tmp_path / "other.gguf"
+    other_path.write_bytes(pathlib.Path(fastpar.default_model_path()).read_bytes() + b"\0")
+    other = _ctx(fastpar.Model(str(other_path)), prefix_cache_dir=folder, **kw)
+    s = other.prefix_cache_stats()
+    assert s.n_loaded == 0 and s.n_refused >= 1 and s.n_host_entries == 0
+    del other
+    gc.collect()
+    # Another KV type.
+    q8 = _ctx(model, prefix_cache_dir=folder, type_k="q8_0", **kw)
+    assert q8.prefix_cache_stats().n_loaded == 0 and q8.prefix_cache_stats().n_refused >= 1
+    q8.clear_prefix_cache()  # removes its own files (none yet), never another identity's
+    del q8
+    gc.collect()
+    # A file that names another build, and a damaged one.
+    ours = [p for p in folder.glob("*.fpcache")]
+    assert ours
+    data = ours[0].read_bytes()
+    assert b"llama.cpp " in data
+    (folder / "elsewhere.fpcache").write_bytes(data.replace(b"llama.cpp ", b"llama.cpX ", 1))
+    (folder / "damaged.fpcache").write_bytes(data[: len(data) // 2])
+    mixed = _ctx(model, prefix_cache_dir=folder, **kw)
+    s = mixed.prefix_cache_stats()
+    assert (s.n_loaded, s.n_refused) == (1, 2), s
+    mixed.clear_prefix_cache()
+    left = {p.name for p in folder.glob("*.fpcache")}
+    assert "elsewhere.fpcache" in left and not any(p.name in left for p in ours)
+    with pytest.raises(ValueError, match="prefix_cache_dir"):
+        fastpar.Context(model, prefix_cache_dir=folder)  # the cache is off by default
+
+
+def test_an_engine_closed_and_started_again_starts_warm(model, tmp_path):
+    """A server's restart: the Engine writes its cache when it closes, the next one reads it."""
+    kw = dict(n_parallel=2, n_ctx_per_seq=512, prefix_cache_mib=-1, prefix_cache_dir=tmp_path)
+    chat = [{"role": "system", "content": SYSTEM[:300]}, {"role": "user", "content": QUESTIONS[1]}]
+    with fastpar.Engine(model, **kw) as e:
+        e.generate(chat, max_tokens=8, **GREEDY)
+    assert list(tmp_path.glob("*.fpcache"))
+    with fastpar.Engine(model, **kw) as e:
+        assert e.prefix_cache_stats().n_loaded == 1
+        c = e.generate(chat, max_tokens=8, **GREEDY)
+        assert c.n_prompt_tokens_cached > 50 and e.prefix_cache_stats().n_restored == 1

@@ -82,6 +82,10 @@ typedef struct fastpar_context_params {
        out of their slots may take: -1 auto (a quarter of the available memory, at most
        8192), 0 off (the default: every prompt's KV is removed when it ends). */
     int32_t prefix_cache_mib;
+    /* A folder keeping the prefix cache across restarts (NULL: none): written when the context
+       is freed, read back by a context of the same model file, KV types and builds; files
+       made by anything else are refused. Needs prefix_cache_mib != 0. */
+    const char * prefix_cache_dir;
 } fastpar_context_params;
 
 typedef struct fastpar_generate_params {

@@ -50,7 +50,8 @@
     X(warmup,               INT32,   1, 1, 1)                               \
     X(type_k,               STRING,  1, 1, 1)                               \
     X(type_v,               STRING,  1, 1, 1)                               \
-    X(prefix_cache_mib,     INT32,   1, 1, 1)
+    X(prefix_cache_mib,     INT32,   1, 1, 1)                               \
+    X(prefix_cache_dir,     STRING,  1, 1, 1)
 
 /* top_logprobs is not in R: its results have no column for them. prompt_logprobs (scoring)
  * is not in the C ABI; prompt_logprobs_from is set by fastpar's scoring functions alone. */

@@ -216,10 +216,12 @@ void register_generate(py::module_ & m) {
         .def_readonly("budget_bytes", &PrefixCacheStats::budget_bytes)
         .def_readonly("n_saved", &PrefixCacheStats::n_saved)
         .def_readonly("n_restored", &PrefixCacheStats::n_restored)
-        .def_readonly("n_evicted", &PrefixCacheStats::n_evicted);
+        .def_readonly("n_evicted", &PrefixCacheStats::n_evicted)
+        .def_readonly("n_loaded", &PrefixCacheStats::n_loaded)
+        .def_readonly("n_refused", &PrefixCacheStats::n_refused);
     const std::vector<const char *> cache_stats_fields = {
         "n_hits", "n_tokens_reused", "n_slots_held", "n_tokens_held", "n_host_entries", "n_host_tokens", "bytes_host",
-        "budget_bytes", "n_saved", "n_restored", "n_evicted"};
+        "budget_bytes", "n_saved", "n_restored", "n_evicted", "n_loaded", "n_refused"};
     def_record(cache_stats, "PrefixCacheStats", cache_stats_fields, cache_stats_fields);
 
     py::class_<Context>(m, "Context", "A llama.cpp context with n_parallel slots.")
@@ -234,6 +236,8 @@ void register_generate(py::module_ & m) {
              py::call_guard<py::gil_scoped_release>())
         .def("prefix_cache_stats", &Context::prefix_cache_stats)
         .def("clear_prefix_cache", &Context::clear_prefix_cache, py::call_guard<py::gil_scoped_release>())
+        .def("save_prefix_cache", &Context::save_prefix_cache, py::call_guard<py::gil_scoped_release>())
+        .def_property_readonly("prefix_cache_dir", [](const Context & c) { return c.params().prefix_cache_dir; })
         .def_property_readonly("prefix_cache_mib", [](const Context & c) { return c.params().prefix_cache_mib; })
         .def_property_readonly("n_ctx_per_seq", &Context::n_ctx_per_seq)
         .def_property_readonly("n_threads", &Context::n_threads)

@@ -42,7 +42,7 @@ def _check_engine_options(args: argparse.Namespace) -> None:
 def _kv_types(args: argparse.Namespace) -> Dict[str, object]:
     """--type-k, --type-v and --prefix-cache-mib as the library's keywords: those given (else
     its defaults)."""
-    names = ("type_k", "type_v", "prefix_cache_mib")
+    names = ("type_k", "type_v", "prefix_cache_mib", "prefix_cache_dir")
     return {name: getattr(args, name) for name in names if getattr(args, name) is not None}
 
 
@@ -154,6 +154,9 @@ def _engine_options(p: argparse.ArgumentParser) -> None:
                    help="host memory for the prefix cache, which keeps finished requests' KV so that a "
                         "later request with the same start (a chat's next turn) decodes only the rest; "
                         "-1 = a quarter of the available memory, at most 8192; 0 = off (default)")
+    p.add_argument("--prefix-cache-dir", default=None, metavar="DIR",
+                   help="keep the prefix cache in this folder across restarts (with --prefix-cache-mib); "
+                        "files from another model, KV type or build are refused")
     p.add_argument("--model-name", default=None, help="the model's name in responses (default: the file's name)")
 
 

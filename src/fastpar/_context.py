@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any, Callable, List, Optional, Sequence, Union
 
 from . import _core
@@ -55,6 +56,11 @@ class Context:
     other batch shapes than a fresh decode, which llama.cpp's CPU kernels round differently:
     a greedy output can part from the cache-off one where two tokens are nearly tied, so
     with the cache on a call's output may depend on the calls before it.
+    ``prefix_cache_dir``: a folder that keeps the cache across restarts (needs it on). It is
+    written when the context is freed, an Engine closes, or on ``save_prefix_cache()``, and
+    read back, within the budget, by a context of the same model file, KV types and fastpar
+    and llama.cpp builds; a file made by anything else is refused, never loaded
+    (``prefix_cache_stats().n_refused``).
     """
 
     @_keywords_checked
@@ -64,11 +70,12 @@ class Context:
                  device_sampling: Optional[bool] = None,
                  share_prefixes: bool = _CONTEXT_DEFAULTS.share_prefixes,
                  warmup: Optional[bool] = None, type_k: str = _CONTEXT_DEFAULTS.type_k,
-                 type_v: str = _CONTEXT_DEFAULTS.type_v, prefix_cache_mib: int = _CONTEXT_DEFAULTS.prefix_cache_mib) -> None:
+                 type_v: str = _CONTEXT_DEFAULTS.type_v, prefix_cache_mib: int = _CONTEXT_DEFAULTS.prefix_cache_mib,
+                 prefix_cache_dir: Optional[Union[str, "os.PathLike[str]"]] = None) -> None:
         if not isinstance(model, Model):
             raise TypeError(f"model must be a fastpar.Model, got {type(model).__name__}")
         params = _context_params(n_parallel, n_ctx_per_seq, n_batch, n_threads, kv_unified, device_sampling,
-                                 share_prefixes, warmup, type_k, type_v, prefix_cache_mib)
+                                 share_prefixes, warmup, type_k, type_v, prefix_cache_mib, prefix_cache_dir)
         self.model = model
         self._ctx = _core.Context(model._model, params)
 
@@ -125,9 +132,18 @@ class Context:
         did (hits, tokens reused, sequences saved, restored and evicted) since creation."""
         return self._ctx.prefix_cache_stats()
 
+    @property
+    def prefix_cache_dir(self) -> Optional[str]:
+        return self._ctx.prefix_cache_dir or None
+
     def clear_prefix_cache(self) -> None:
-        """Empty the prefix cache: every slot's KV and every host entry (waits for a running call)."""
+        """Empty the prefix cache: every slot's KV, every host entry, and its files in
+        ``prefix_cache_dir`` (waits for a running call)."""
         self._ctx.clear_prefix_cache()
+
+    def save_prefix_cache(self) -> None:
+        """Write the prefix cache to ``prefix_cache_dir`` now (also done when the context is freed)."""
+        self._ctx.save_prefix_cache()
 
     def kv_seq_pos_max(self) -> List[int]:
         """Highest KV position each slot holds; -1 = empty. Between calls a slot holds what

@@ -87,6 +87,7 @@ class ContextParams:
     Options of a context; defaults are fastpar's.
     """
     kv_unified: bool
+    prefix_cache_dir: str
     share_prefixes: bool
     type_k: str
     type_v: str
@@ -409,6 +410,12 @@ class PrefixCacheStats:
     def n_host_tokens(self) -> int:
         ...
     @property
+    def n_loaded(self) -> int:
+        ...
+    @property
+    def n_refused(self) -> int:
+        ...
+    @property
     def n_restored(self) -> int:
         ...
     @property
@@ -439,6 +446,8 @@ class Context:
         """
     def prefix_cache_stats(self) -> PrefixCacheStats:
         ...
+    def save_prefix_cache(self) -> None:
+        ...
     def seq_pos_max(self) -> list[int]:
         """
         llama_memory_seq_pos_max of every slot (-1 = empty).
@@ -463,6 +472,9 @@ class Context:
         ...
     @property
     def n_threads(self) -> int:
+        ...
+    @property
+    def prefix_cache_dir(self) -> str:
         ...
     @property
     def prefix_cache_mib(self) -> int:

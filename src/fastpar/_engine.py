@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import os
 from typing import AsyncIterator, Callable, Iterator, List, Optional, Tuple, Union
 
 from . import _core
@@ -171,11 +172,12 @@ class Engine:
                  share_prefixes: bool = _CONTEXT_DEFAULTS.share_prefixes,
                  warmup: Optional[bool] = None, type_k: str = _CONTEXT_DEFAULTS.type_k,
                  type_v: str = _CONTEXT_DEFAULTS.type_v, prefix_cache_mib: int = _CONTEXT_DEFAULTS.prefix_cache_mib,
+                 prefix_cache_dir: Optional[Union[str, "os.PathLike[str]"]] = None,
                  max_queued: int = DEFAULT_MAX_QUEUED) -> None:
         if not isinstance(model, Model):
             raise TypeError(f"model must be a fastpar.Model, got {type(model).__name__}")
         params = _context_params(n_parallel, n_ctx_per_seq, n_batch, n_threads, kv_unified, device_sampling,
-                                 share_prefixes, warmup, type_k, type_v, prefix_cache_mib)
+                                 share_prefixes, warmup, type_k, type_v, prefix_cache_mib, prefix_cache_dir)
         self.model = model
         self._engine = _core.Engine(model._model, params, _max_queued(max_queued))
 

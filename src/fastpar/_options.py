@@ -7,6 +7,7 @@ source of truth; nothing here retypes a default value.
 from __future__ import annotations
 
 import dataclasses
+import os
 import difflib
 import functools
 import inspect
@@ -72,7 +73,8 @@ def _context_params(n_parallel: object, n_ctx_per_seq: object, n_batch: object, 
                     share_prefixes: object = _CONTEXT_DEFAULTS.share_prefixes,
                     warmup: object = None, type_k: object = _CONTEXT_DEFAULTS.type_k,
                     type_v: object = _CONTEXT_DEFAULTS.type_v,
-                    prefix_cache_mib: object = _CONTEXT_DEFAULTS.prefix_cache_mib) -> _core.ContextParams:
+                    prefix_cache_mib: object = _CONTEXT_DEFAULTS.prefix_cache_mib,
+                    prefix_cache_dir: object = None) -> _core.ContextParams:
     params = _core.ContextParams()
     _set(params, "n_parallel", _int("n_parallel", n_parallel))
     _set(params, "n_ctx_per_seq", _int("n_ctx_per_seq", n_ctx_per_seq))
@@ -91,6 +93,11 @@ def _context_params(n_parallel: object, n_ctx_per_seq: object, n_batch: object, 
             raise TypeError(f"{name} must be a str such as 'q8_0', got {type(value).__name__}")
         setattr(params, name, value)
     _set(params, "prefix_cache_mib", _int("prefix_cache_mib", prefix_cache_mib))
+    if prefix_cache_dir is not None:
+        if not isinstance(prefix_cache_dir, (str, os.PathLike)):
+            raise TypeError(f"prefix_cache_dir must be a folder's path (str or os.PathLike), "
+                            f"got {type(prefix_cache_dir).__name__}")
+        params.prefix_cache_dir = os.fspath(prefix_cache_dir)
     params.validate()  # ranges, from the core: ValueError naming the option
     return params
 

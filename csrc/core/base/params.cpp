@@ -72,6 +72,9 @@ void validate(const ContextParams & p) {
         bad("prefix_cache_mib must be -1 (auto), 0 (off) or a budget in MiB up to " +
             std::to_string(kMaxPrefixCacheMib) + ", got " + std::to_string(p.prefix_cache_mib));
     }
+    if (!p.prefix_cache_dir.empty() && p.prefix_cache_mib == 0) {
+        bad("prefix_cache_dir needs the prefix cache on (prefix_cache_mib -1 or a budget in MiB), got 0 (off)");
+    }
 }
 
 void validate(const GenerateParams & p) {

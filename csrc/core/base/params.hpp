@@ -67,6 +67,11 @@ struct ContextParams {
     // are nearly tied (docs/internals.md, "The prefix cache"); a call's output would then
     // depend on the calls before it.
     int32_t prefix_cache_mib = 0;
+    // A folder that keeps the prefix cache across restarts ("": none). The cache is written
+    // there when the context is freed, an Engine closes, or on save_prefix_cache(), and read
+    // back when a context is made with the same model file, KV types, fastpar and llama.cpp
+    // builds; a file made by anything else is refused, never loaded. Needs the cache on.
+    std::string prefix_cache_dir;
 };
 
 // prefix_cache_mib = -1: a quarter of the memory available when the context is made, at

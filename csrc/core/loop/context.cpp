@@ -104,6 +104,39 @@ int64_t prefix_cache_budget(int32_t mib) {
     return std::min(std::max<int64_t>(0, available / 4), kAutoPrefixCacheMaxMib * kMib);
 }
 
+// What a prefix-cache file must match to be loaded: fastpar's and llama.cpp's builds and
+// backend, the model file (its size and a hash of its first and last 4 MiB and of 64 KiB
+// at each 64th of it: a fine-tune of the same shape differs there), and the KV types.
+std::string prefix_cache_identity(const Model & model, const ContextParams & params) {
+    std::FILE * f = std::fopen(model.path().c_str(), "rb");
+    if (f == nullptr) {
+        throw Error("prefix_cache_dir: cannot read the model file " + model.path() + " to fingerprint it");
+    }
+    std::fseek(f, 0, SEEK_END);
+    const long long size = std::ftell(f);
+    uint64_t h = 1469598103934665603ull;
+    std::vector<unsigned char> buf(4 << 20);
+    auto hash_at = [&](long long at, size_t n) {
+        at = std::max(0LL, std::min(at, size));
+        std::fseek(f, static_cast<long>(at), SEEK_SET);
+        const size_t got = std::fread(buf.data(), 1, std::min<size_t>(n, buf.size()), f);
+        for (size_t i = 0; i < got; ++i) {
+            h = (h ^ buf[i]) * 1099511628211ull;
+        }
+    };
+    hash_at(0, 4 << 20);
+    for (int i = 1; i < 64; ++i) {
+        hash_at(size / 64 * i, 64 << 10);
+    }
+    hash_at(size - (4 << 20), 4 << 20);
+    std::fclose(f);
+    char hex[17];
+    std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
+    return std::string("fastpar ") + FASTPAR_VERSION + ", llama.cpp " + FASTPAR_LLAMA_COMMIT + ", " +
+           backend_name() + "; model " + std::to_string(size) + " bytes " + hex + "; KV " + params.type_k + "/" +
+           params.type_v;
+}
+
 // llama.cpp's physical batch (n_ubatch) for a model: params.hpp says why.
 int32_t max_ubatch(const Model & model) { return model.on_gpu() ? kGpuBatch : kCpuBatch; }
 
@@ -187,6 +220,14 @@ Context::Context(std::shared_ptr<const Model> model, const ContextParams & param
         cache_ = std::make_unique<PrefixCache>(static_cast<size_t>(params_.n_parallel),
                                                prefix_cache_budget(params_.prefix_cache_mib),
                                                static_cast<size_t>(kMinSharedPrefix));
+        if (!params_.prefix_cache_dir.empty()) {
+            try {
+                cache_->keep_in(ctx_, params_.prefix_cache_dir, prefix_cache_identity(*model_, params_));
+            } catch (...) {
+                release();  // no destructor runs for a constructor that throws
+                throw;
+            }
+        }
     }
     // A count the user chose is kept; fastpar's own default adapts to a shared machine.
     governor_ = std::make_unique<ThreadGovernor>(n_threads_, params_.n_threads == 0);
@@ -255,6 +296,13 @@ bool Context::device_sampling() const {
 Context::~Context() { release(); }
 
 void Context::release() {
+    if (cache_ && ctx_ != nullptr) {
+        try {
+            cache_->persist(ctx_);  // a no-op without a folder
+        } catch (...) {
+            // Freeing must not fail: a cache that could not be written is only lost.
+        }
+    }
     llama_batch_free(batch_);
     batch_ = llama_batch{};
     if (ctx_ != nullptr) {
@@ -376,6 +424,13 @@ PrefixCacheStats Context::prefix_cache_stats() const { return cache_ ? cache_->s
 void Context::clear_prefix_cache() {
     std::lock_guard<std::mutex> lock(mutex_);
     clear_prefix_cache_unlocked();
+}
+
+void Context::save_prefix_cache() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (cache_) {
+        cache_->persist(ctx_);
+    }
 }
 
 void Context::clear_prefix_cache_unlocked() {

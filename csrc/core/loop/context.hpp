@@ -68,6 +68,9 @@ public:
     void clear_prefix_cache();
     // The same, for code already inside with_scheduler's body, between steps.
     void clear_prefix_cache_unlocked();
+    // Writes the prefix cache to its folder (ContextParams::prefix_cache_dir; done anyway when
+    // the context is freed). Waits for a running generate call to end.
+    void save_prefix_cache();
     // llama_memory_seq_pos_max for every slot: all -1 when nothing is held (the prefix
     // cache off or cleared).
     std::vector<int32_t> seq_pos_max() const;

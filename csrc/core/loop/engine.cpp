@@ -343,6 +343,10 @@ void Engine::close() {
         }
     }
     ctx_->set_abort(false);
+    try {
+        ctx_->save_prefix_cache();  // to its folder, if it has one: a restart starts warm
+    } catch (...) {
+    }
     std::deque<Request> leftover;
     std::deque<std::function<void()>> tasks;
     {

@@ -1,6 +1,10 @@
 #include "core/loop/prefix_cache.hpp"
 
 #include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <system_error>
 
 #include "core/loop/prefix_sharing.hpp"
 
@@ -128,6 +132,7 @@ void PrefixCache::drop_host(size_t i) {
 }
 
 void PrefixCache::clear(llama_context * ctx) {
+    remove_files();
     host_.clear();
     host_.shrink_to_fit();
     for (size_t seq = 0; seq < held_.size(); ++seq) {
@@ -155,6 +160,199 @@ void PrefixCache::update_counts() {
     stats_.n_host_entries = static_cast<int64_t>(host_.size());
     stats_.n_host_tokens = host_tokens;
     stats_.bytes_host = bytes;
+}
+
+// -- the folder -------------------------------------------------------------------------------
+//
+// One file an entry: "FPPCACHE", a format version, the identity, the tokens and
+// llama_state_seq_get_data's bytes. A file is written beside its name and renamed over it,
+// so a reader never sees half of one.
+
+namespace {
+
+constexpr char kMagic[8] = {'F', 'P', 'P', 'C', 'A', 'C', 'H', 'E'};
+constexpr uint32_t kFormat = 1;
+constexpr const char * kSuffix = ".fpcache";
+
+struct File {
+    std::FILE * f = nullptr;
+    explicit File(const std::string & path, const char * mode) : f(std::fopen(path.c_str(), mode)) {}
+    ~File() {
+        if (f != nullptr) {
+            std::fclose(f);
+        }
+    }
+    bool write(const void * p, size_t n) { return std::fwrite(p, 1, n, f) == n; }
+    bool read(void * p, size_t n) { return std::fread(p, 1, n, f) == n; }
+};
+
+template <typename T> bool put(File & f, T v) { return f.write(&v, sizeof v); }
+template <typename T> bool get(File & f, T & v) { return f.read(&v, sizeof v); }
+
+// Reads a file's identity; false if it is no cache file of this format.
+bool read_identity(File & f, std::string & identity) {
+    char magic[8];
+    uint32_t format = 0, n = 0;
+    if (!f.read(magic, sizeof magic) || std::memcmp(magic, kMagic, sizeof magic) != 0 || !get(f, format) ||
+        format != kFormat || !get(f, n) || n > (1u << 16)) {
+        return false;
+    }
+    identity.resize(n);
+    return f.read(identity.data(), n);
+}
+
+// A file name from the tokens (FNV-1a): the same sequence always lands in the same file.
+std::string file_name(const std::vector<llama_token> & tokens) {
+    uint64_t h = 1469598103934665603ull;
+    for (llama_token t : tokens) {
+        h = (h ^ static_cast<uint32_t>(t)) * 1099511628211ull;
+    }
+    char name[32];
+    std::snprintf(name, sizeof name, "%016llx", static_cast<unsigned long long>(h));
+    return std::string(name) + kSuffix;
+}
+
+std::vector<std::filesystem::path> cache_files(const std::string & dir) {
+    std::vector<std::filesystem::path> out;
+    std::error_code ec;
+    for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+        if (it->path().extension() == kSuffix && it->is_regular_file(ec)) {
+            out.push_back(it->path());
+        }
+    }
+    return out;
+}
+
+}  // namespace
+
+void PrefixCache::keep_in(llama_context * ctx, const std::string & dir, const std::string & identity) {
+    (void) ctx;
+    dir_ = dir;
+    identity_ = identity;
+    std::error_code ec;
+    std::filesystem::create_directories(dir_, ec);
+    // Newest first: those are loaded while the budget lasts.
+    std::vector<std::pair<std::filesystem::file_time_type, std::filesystem::path>> files;
+    for (const auto & p : cache_files(dir_)) {
+        files.emplace_back(std::filesystem::last_write_time(p, ec), p);
+    }
+    std::sort(files.begin(), files.end(), [](const auto & a, const auto & b) { return a.first > b.first; });
+    int64_t used = 0, loaded = 0, refused = 0;
+    for (const auto & [time, path] : files) {
+        File f(path.string(), "rb");
+        std::string id;
+        uint32_t n_tokens = 0;
+        uint64_t n_bytes = 0;
+        HostEntry e;
+        bool ok = f.f != nullptr && read_identity(f, id) && id == identity_ && get(f, n_tokens) &&
+                  n_tokens > 0 && n_tokens <= (1u << 24);
+        if (ok) {
+            e.tokens.resize(n_tokens);
+            ok = f.read(e.tokens.data(), n_tokens * sizeof(llama_token)) && get(f, n_bytes) && n_bytes > 0 &&
+                 n_bytes <= static_cast<uint64_t>(budget_);
+        }
+        if (ok && used + static_cast<int64_t>(n_bytes) > budget_) {
+            continue;  // of this identity, but no room: left on disk
+        }
+        if (ok) {
+            e.state.resize(n_bytes);
+            ok = f.read(e.state.data(), n_bytes);
+        }
+        if (!ok) {
+            ++refused;  // another model, KV type or build, or a damaged file: never loaded
+            continue;
+        }
+        used += static_cast<int64_t>(n_bytes);
+        e.last_used = ++clock_;
+        host_.push_back(std::move(e));
+        ++loaded;
+    }
+    std::reverse(host_.begin(), host_.end());  // the oldest is the least recently used
+    for (size_t i = 0; i < host_.size(); ++i) {
+        host_[i].last_used = i + 1;
+    }
+    {
+        std::lock_guard<std::mutex> lock(stats_mutex_);
+        stats_.n_loaded += loaded;
+        stats_.n_refused += refused;
+    }
+    update_counts();
+}
+
+void PrefixCache::persist(llama_context * ctx) {
+    if (dir_.empty()) {
+        return;
+    }
+    // What the idle slots hold, then the host entries, newest first, within the budget.
+    struct Out {
+        const std::vector<llama_token> * tokens;
+        std::vector<uint8_t> held;        // a slot's state, read now
+        const std::vector<uint8_t> * state;
+    };
+    std::vector<Out> out;
+    for (size_t seq = 0; seq < held_.size(); ++seq) {
+        if (held_[seq].empty()) {
+            continue;
+        }
+        Out o{&held_[seq], {}, nullptr};
+        const auto id = static_cast<llama_seq_id>(seq);
+        o.held.resize(llama_state_seq_get_size(ctx, id));
+        if (o.held.empty() || llama_state_seq_get_data(ctx, o.held.data(), o.held.size(), id) != o.held.size()) {
+            continue;
+        }
+        out.push_back(std::move(o));
+    }
+    std::vector<const HostEntry *> host;
+    for (const HostEntry & e : host_) {
+        host.push_back(&e);
+    }
+    std::sort(host.begin(), host.end(), [](const HostEntry * a, const HostEntry * b) { return a->last_used > b->last_used; });
+    for (const HostEntry * e : host) {
+        out.push_back(Out{&e->tokens, {}, &e->state});
+    }
+    remove_files();
+    int64_t used = 0;
+    for (const Out & o : out) {
+        const std::vector<uint8_t> & state = o.state != nullptr ? *o.state : o.held;
+        if (used + static_cast<int64_t>(state.size()) > budget_) {
+            continue;
+        }
+        const std::string path = (std::filesystem::path(dir_) / file_name(*o.tokens)).string();
+        bool ok;
+        {
+            File f(path + ".tmp", "wb");
+            ok = f.f != nullptr && f.write(kMagic, sizeof kMagic) && put(f, kFormat) &&
+                 put(f, static_cast<uint32_t>(identity_.size())) && f.write(identity_.data(), identity_.size()) &&
+                 put(f, static_cast<uint32_t>(o.tokens->size())) &&
+                 f.write(o.tokens->data(), o.tokens->size() * sizeof(llama_token)) &&
+                 put(f, static_cast<uint64_t>(state.size())) && f.write(state.data(), state.size());
+        }
+        std::error_code ec;
+        if (ok) {
+            std::filesystem::rename(path + ".tmp", path, ec);
+            used += static_cast<int64_t>(state.size());
+        } else {
+            std::filesystem::remove(path + ".tmp", ec);  // a full disk: the cache stays in memory
+        }
+    }
+}
+
+void PrefixCache::remove_files() const {
+    if (dir_.empty()) {
+        return;
+    }
+    for (const auto & p : cache_files(dir_)) {
+        bool ours;
+        {
+            File f(p.string(), "rb");
+            std::string id;
+            ours = f.f != nullptr && read_identity(f, id) && id == identity_;
+        }
+        if (ours) {
+            std::error_code ec;
+            std::filesystem::remove(p, ec);  // another identity's files stay, whoever made them
+        }
+    }
 }
 
 PrefixCacheStats PrefixCache::stats() const {

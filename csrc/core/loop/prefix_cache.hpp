@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "llama.h"
@@ -31,6 +32,8 @@ struct PrefixCacheStats {
     int64_t n_saved = 0;            // sequences moved to host memory
     int64_t n_restored = 0;         // host entries copied back into a slot
     int64_t n_evicted = 0;          // host entries dropped to stay within the budget
+    int64_t n_loaded = 0;           // entries read from the cache's folder (prefix_cache_dir)
+    int64_t n_refused = 0;          // files there made by another model, KV type or build, or damaged
 };
 
 // Where a prompt's longest cached prefix is.
@@ -78,6 +81,15 @@ public:
 
     PrefixCacheStats stats() const;
 
+    // Keeps the cache in folder `dir` across restarts: its files carry `identity` (the model
+    // file, the KV types, fastpar's and llama.cpp's builds), and only files of the same
+    // identity are read. Reads them now into host memory, newest first, within the budget;
+    // every other file is refused (counted), never loaded.
+    void keep_in(llama_context * ctx, const std::string & dir, const std::string & identity);
+    // Writes what the idle slots hold and every host entry to the folder, newest first within
+    // the budget, replacing the folder's earlier files of this identity. Between steps.
+    void persist(llama_context * ctx);
+
 private:
     struct HostEntry {
         std::vector<llama_token> tokens;
@@ -85,6 +97,7 @@ private:
         uint64_t last_used = 0;
     };
     void evict_to(int64_t bytes_free);
+    void remove_files() const;  // the folder's files of this identity
     void drop_host(size_t i);
     void update_counts();
 
@@ -94,6 +107,8 @@ private:
     std::vector<std::vector<llama_token>> held_;  // per slot
     std::vector<uint64_t> held_since_;            // per slot
     std::vector<HostEntry> host_;
+    std::string dir_;       // "" = kept in memory only
+    std::string identity_;
     mutable std::mutex stats_mutex_;  // stats_ is read from other threads (metrics)
     PrefixCacheStats stats_;
 };

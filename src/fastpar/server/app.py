@@ -551,15 +551,15 @@ _SEND_GRACE_S = 5.0
 def serve(model: Optional[str] = None, *, host: str = "127.0.0.1", port: int = 8000, n_parallel: int = 8,
           n_ctx_per_seq: int = N_CTX_PER_SEQ, n_gpu_layers: int = 0, n_threads: Optional[int] = None,
           max_queued: int = 1024, type_k: Optional[str] = None, type_v: Optional[str] = None,
-          prefix_cache_mib: Optional[int] = None, api_key: Optional[str] = None, model_name: Optional[str] = None,
+          prefix_cache_mib: Optional[int] = None, prefix_cache_dir: Optional[str] = None, api_key: Optional[str] = None, model_name: Optional[str] = None,
           shutdown_timeout: float = 5.0, log_level: str = "info") -> int:
     """Run the server until SIGTERM or Ctrl-C, then stop accepting, give the requests in
     flight up to ``shutdown_timeout`` seconds, cancel the rest (answered 503, or a stream's
     error event) and close the engine; returns 0, or 1 if the model failed to load.
     ``model``: a GGUF path (default: the default model, fetched on first use). The model
     loads once the port is open; ``/health`` answers 503 until it has. ``type_k`` and
-    ``type_v`` are the KV cache's types, ``prefix_cache_mib`` the prefix cache's host memory
-    (``fastpar.Context``; None: its default). A missing model
+    ``type_v`` are the KV cache's types, ``prefix_cache_mib`` the prefix cache's host memory and
+    ``prefix_cache_dir`` its folder across restarts (``fastpar.Context``; None: its default). A missing model
     file, a port out of range or a negative ``shutdown_timeout`` raise ``ValueError`` (or
     ``FileNotFoundError``) before anything starts."""
     import signal
@@ -597,7 +597,8 @@ def serve(model: Optional[str] = None, *, host: str = "127.0.0.1", port: int = 8
             path = model if model is not None else fastpar.default_model_path()
             m = fastpar.Model(path, n_gpu_layers=n_gpu_layers)
             kv_types = {k: v for k, v in (("type_k", type_k), ("type_v", type_v),
-                                          ("prefix_cache_mib", prefix_cache_mib)) if v is not None}
+                                          ("prefix_cache_mib", prefix_cache_mib),
+                                          ("prefix_cache_dir", prefix_cache_dir)) if v is not None}
             return Engine(m, n_parallel=n_parallel, n_ctx_per_seq=n_ctx_per_seq, n_threads=n_threads,
                           max_queued=max_queued, **kv_types)
         except BaseException:
