@@ -20,10 +20,12 @@ import threading
 import pytest
 
 import fastpar
-from conftest import PROMPTS, assert_clean, assert_empty
+from conftest import GPU_LOGPROB_TOL, ON_GPU, PROMPTS, assert_clean, assert_empty
 
 GREEDY = dict(temperature=0.0, logprobs=True)
-CLOSE = 0.25  # nats: a wrong KV moves log-probabilities by whole units
+# nats: a wrong KV moves log-probabilities by whole units. On a GPU batch shapes move them
+# more (conftest.GPU_LOGPROB_TOL; an H200 gave up to 0.33 here).
+CLOSE = GPU_LOGPROB_TOL if ON_GPU else 0.25
 
 # A system prompt of about 200 tokens, long enough that reusing it shows.
 SYSTEM = ("You are a helpful assistant for a small bakery. You answer questions about bread, cakes and "

@@ -212,8 +212,8 @@ def prompt_tokens(completions: List[Optional[Completion]], n_prompts: int, n: in
         if c is not None:
             # Scored with max_tokens 0, the prompt's last token is never decoded (its logits
             # would predict nothing), yet it is part of the prompt.
-            n = c.n_prompt_tokens + c.n_prompt_tokens_shared + c.n_prompt_tokens_cached
-            total += max(n, len(c.prompt_token_ids))
+            seen = c.n_prompt_tokens + c.n_prompt_tokens_shared + c.n_prompt_tokens_cached
+            total += max(seen, len(c.prompt_token_ids))
     return total
 
 
