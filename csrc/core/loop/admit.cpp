@@ -1,8 +1,10 @@
 #include "core/loop/admit.hpp"
 
+#include <algorithm>
 #include <string>
 
 #include "core/base/errors.hpp"
+#include "core/loop/scheduler.hpp"
 
 namespace fastpar {
 
@@ -84,6 +86,127 @@ void start_slot(Slot & slot, Request && request, std::vector<llama_token> tokens
     slot.text.reset(static_cast<bool>(slot.request.on_text));
     slot.completion.t_queued_ms = ms_since(slot.request.t_submit);
     slot.state = SlotState::Prompt;
+}
+
+void Scheduler::admit() {
+    // Tokenizing is most of what admitting a prompt costs, so the prompts about to take
+    // the free slots are tokenized on the pool at once; llama_tokenize is thread-safe.
+    std::vector<Tokenized> ahead;
+    if (pool_ != nullptr && queue_.size() >= kMinPooled) {
+        const auto n_free = static_cast<size_t>(
+            std::count_if(slots_.begin(), slots_.end(), [](const std::unique_ptr<Slot> & s) { return !s->active(); }));
+        if (n_free >= kMinPooled) {
+            ahead.resize(std::min(n_free, queue_.size()));
+            pool_->run(ahead.size(), [&](size_t i) { tokenize_prompt(model_, queue_[i].prompt, ahead[i]); });
+        }
+    }
+    size_t n_taken = 0;
+    const auto has_free = [this] {
+        return std::any_of(slots_.begin(), slots_.end(), [](const std::unique_ptr<Slot> & s) { return !s->active(); });
+    };
+    while (!queue_.empty() && has_free()) {
+        Request request = std::move(queue_.front());
+        queue_.pop_front();
+        const GenerateParams & params = *request.params;
+        Tokenized t;
+        if (n_taken < ahead.size()) {
+            t = std::move(ahead[n_taken]);
+        } else {
+            tokenize_prompt(model_, request.prompt, t);
+        }
+        ++n_taken;
+        if (std::optional<Completion> c = refusal(t, params, n_ctx_seq_)) {
+            if (c->finish_reason == FinishReason::Error) {
+                ++stats_.n_failed;
+            }
+            c->t_queued_ms = c->t_total_ms = ms_since(request.t_submit);
+            request.on_done(std::move(*c));
+            continue;
+        }
+        GrammarPtr grammar;
+        if (constrained(params)) {
+            try {
+                grammar = grammars_.make(params);
+            } catch (const std::exception & e) {
+                // This prompt only; never generated without its constraint.
+                ++stats_.n_failed;
+                complete_unstarted(request, FinishReason::Error, e.what());
+                continue;
+            }
+        }
+        Slot & slot = pick_slot(t.tokens);
+        choose_sampler(slot, params, request.seed);
+        slot.grammar = std::move(grammar);
+        start_slot(slot, std::move(request), std::move(t.tokens));
+        reuse_cached(slot);
+        pair_for_sharing(slot);
+    }
+}
+
+// The free slot for a prompt: the one whose cached sequence starts like it the longest way
+// (at least the cache's minimum), else an empty one, else the least recently used.
+Slot & Scheduler::pick_slot(const std::vector<llama_token> & tokens) {
+    Slot * best = nullptr;
+    size_t best_n = 0;
+    uint64_t best_since = 0;
+    for (auto & sp : slots_) {
+        if (sp->active()) {
+            continue;
+        }
+        const auto seq = static_cast<size_t>(sp->seq);
+        size_t n = 0;
+        uint64_t since = 0;
+        if (cache_ != nullptr) {
+            n = common_prefix(cache_->held(seq), tokens);
+            n = n >= cache_->min_tokens() ? n : 0;
+            since = cache_->held_since(seq);
+        }
+        if (best == nullptr || n > best_n || (n == best_n && since < best_since)) {
+            best = sp.get();
+            best_n = n;
+            best_since = since;
+        }
+    }
+    return *best;  // admit() calls it only while a slot is free
+}
+
+// Starts `slot`'s prompt from the longest prefix cached in the slot or in host memory, and
+// trims the slot's sequence to it (prefix_cache.hpp). The last prompt token is always
+// decoded (its logits start generation), and so is every position whose logits score a
+// token (prompt_logprobs). A scoring request takes nothing from it: reused KV was computed in
+// other batch shapes, which round differently, and scores must equal llama-perplexity's.
+void Scheduler::reuse_cached(Slot & slot) {
+    const auto seq = static_cast<size_t>(slot.seq);
+    if (cache_ == nullptr) {
+        // Defensive: the slot's sequence must be empty before it is reused.
+        if (llama_memory_seq_pos_max(mem_, slot.seq) >= 0) {
+            llama_memory_seq_rm(mem_, slot.seq, -1, -1);
+        }
+        return;
+    }
+    const size_t limit = slot.scoring.on() ? 0 : slot.prompt.size() - 1;
+    const std::vector<llama_token> & held = cache_->held(seq);
+    size_t n = std::min(common_prefix(held, slot.prompt), limit);
+    n = n >= cache_->min_tokens() ? n : 0;
+    const CacheMatch host = cache_->longest_on_host(slot.prompt, limit);
+    const bool from_host = host.host >= 0 && host.n >= n + cache_->min_tokens();
+    if (n < held.size() && cache_->worth_saving(seq, from_host ? 0 : n)) {
+        cache_->save(ctx_, seq);  // what this slot held beyond n stays cached in host memory
+    }
+    if (from_host) {
+        llama_memory_seq_rm(mem_, slot.seq, -1, -1);
+        n = cache_->restore(ctx_, host.host, seq) ? host.n : 0;
+    }
+    cache_->release(seq);
+    llama_memory_seq_rm(mem_, slot.seq, static_cast<llama_pos>(n), -1);
+    if (n == 0) {
+        return;
+    }
+    cache_->count_hit(n);
+    slot.n_fed = n;
+    slot.n_past = static_cast<llama_pos>(n);
+    slot.completion.n_prompt_tokens_cached = static_cast<int32_t>(n);
+    stats_.n_prompt_tokens_cached += static_cast<int64_t>(n);
 }
 
 }  // namespace fastpar

@@ -1,6 +1,7 @@
-// Admitting a queued request into a free slot (Scheduler::admit): its prompt's tokens, the
-// checks that may refuse it before it takes a slot (a refusal ends that request alone), and
-// the slot's set-up for it. The scheduler keeps the order: tokenize, refuse, compile the
+// Admitting a queued request into a free slot (Scheduler::admit, defined in admit.cpp with
+// the slot's choice and its start from the prefix cache): its prompt's tokens, the checks
+// that may refuse it before it takes a slot (a refusal ends that request alone), and the
+// slot's set-up for it. The scheduler keeps the order: tokenize, refuse, compile the
 // constraint, build the chain, start the slot, pair it for prefix sharing.
 #pragma once
 
