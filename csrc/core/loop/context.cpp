@@ -222,7 +222,7 @@ Context::Context(std::shared_ptr<const Model> model, const ContextParams & param
                                                static_cast<size_t>(kMinSharedPrefix));
         if (!params_.prefix_cache_dir.empty()) {
             try {
-                cache_->keep_in(ctx_, params_.prefix_cache_dir, prefix_cache_identity(*model_, params_));
+                cache_->keep_in(params_.prefix_cache_dir, prefix_cache_identity(*model_, params_));
             } catch (...) {
                 release();  // no destructor runs for a constructor that throws
                 throw;

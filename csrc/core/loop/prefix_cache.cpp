@@ -100,6 +100,7 @@ bool PrefixCache::restore(llama_context * ctx, int32_t host, size_t seq) {
         return false;
     }
     e.last_used = ++clock_;
+    changed_ = true;  // the folder's order of recency
     std::lock_guard<std::mutex> lock(stats_mutex_);
     ++stats_.n_restored;
     return true;
@@ -145,6 +146,7 @@ void PrefixCache::clear(llama_context * ctx) {
 }
 
 void PrefixCache::update_counts() {
+    changed_ = true;  // every change of what is held passes here
     int64_t slots = 0, tokens = 0, host_tokens = 0, bytes = 0;
     for (const auto & h : held_) {
         slots += h.empty() ? 0 : 1;
@@ -225,8 +227,7 @@ std::vector<std::filesystem::path> cache_files(const std::string & dir) {
 
 }  // namespace
 
-void PrefixCache::keep_in(llama_context * ctx, const std::string & dir, const std::string & identity) {
-    (void) ctx;
+void PrefixCache::keep_in(const std::string & dir, const std::string & identity) {
     dir_ = dir;
     identity_ = identity;
     std::error_code ec;
@@ -277,12 +278,15 @@ void PrefixCache::keep_in(llama_context * ctx, const std::string & dir, const st
         stats_.n_refused += refused;
     }
     update_counts();
+    changed_ = false;  // memory holds what the folder holds
 }
 
 void PrefixCache::persist(llama_context * ctx) {
-    if (dir_.empty()) {
+    // An Engine writes when it closes and its context again when freed: once is enough.
+    if (dir_.empty() || !changed_) {
         return;
     }
+    changed_ = false;
     // What the idle slots hold, then the host entries, newest first, within the budget.
     struct Out {
         const std::vector<llama_token> * tokens;
@@ -333,6 +337,7 @@ void PrefixCache::persist(llama_context * ctx) {
             used += static_cast<int64_t>(state.size());
         } else {
             std::filesystem::remove(path + ".tmp", ec);  // a full disk: the cache stays in memory
+            changed_ = true;                              // and the next persist() tries again
         }
     }
 }

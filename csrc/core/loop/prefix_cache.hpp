@@ -85,7 +85,7 @@ public:
     // file, the KV types, fastpar's and llama.cpp's builds), and only files of the same
     // identity are read. Reads them now into host memory, newest first, within the budget;
     // every other file is refused (counted), never loaded.
-    void keep_in(llama_context * ctx, const std::string & dir, const std::string & identity);
+    void keep_in(const std::string & dir, const std::string & identity);
     // Writes what the idle slots hold and every host entry to the folder, newest first within
     // the budget, replacing the folder's earlier files of this identity. Between steps.
     void persist(llama_context * ctx);
@@ -109,6 +109,7 @@ private:
     std::vector<HostEntry> host_;
     std::string dir_;       // "" = kept in memory only
     std::string identity_;
+    bool changed_ = false;  // since the folder was read or written: persist() has work
     mutable std::mutex stats_mutex_;  // stats_ is read from other threads (metrics)
     PrefixCacheStats stats_;
 };
