@@ -110,6 +110,11 @@ def test_prompts_first_take_the_batch_while_prompts_fill_it():
     # The CPU policy never lets the decoding slots wait.
     plan = T.plan_step(slots, cpu_policy(), n_batch=32)
     assert not plan["prompts_first"] and plan["n_plan"][:2] == [1, 1]
+    # As many decoding slots as the batch holds and no prompt ready: they decode (a step
+    # of nothing repeated for ever once hung a one-slot context with n_batch 1 on a GPU).
+    for n in (1, 4):
+        plan = T.plan_step([decoding()] * n, policy, n_batch=n)
+        assert not plan["prompts_first"] and plan["n_plan"] == [1] * n
 
 
 def test_prompts_first_stops_at_its_decode_waits_limit():
@@ -182,7 +187,7 @@ def test_budget_is_never_exceeded_and_every_rule_holds(gpu):
     rng = random.Random(5)
     for _ in range(3000):
         n = rng.randint(1, 24)
-        n_batch = rng.randint(n, n + 40)
+        n_batch = rng.randint(n, n + 40) if rng.random() < 0.8 else n  # n_batch >= n_parallel (validated)
         slots = []
         for _ in range(n):
             kind = rng.randrange(4)
@@ -192,6 +197,9 @@ def test_budget_is_never_exceeded_and_every_rule_holds(gpu):
         plan = T.plan_step(slots, policy, n_batch=n_batch, rotation=rng.randrange(n), decode_waits=rng.randint(0, 4))
         n_plan, pad = plan["n_plan"], plan["pad"]
         assert sum(n_plan) == plan["n_tokens"] <= n_batch
+        # Every step makes progress while some slot can.
+        if any(s.active and not s.waiting for s in slots):
+            assert plan["n_tokens"] > sum(pad), (slots, n_batch, plan)
         for s, k, p in zip(slots, n_plan, pad):
             if p:
                 assert k == 1 and not (s.active and not s.prefilling)

@@ -21,8 +21,12 @@ void plan_step(const std::vector<PlanInput> & slots, const StepPolicy & policy, 
         }
     }
     // The decoding slots' tokens and the prompt chunks would be separate forward passes
-    // anyway; once every prompt is in, all slots decode together in one.
-    const bool prompts_first = policy.prompts_first && n_decoding > 0 && decode_waits < policy.max_decode_waits &&
+    // anyway; once every prompt is in, all slots decode together in one. Some prompt token
+    // must be ready: with as many decoding slots as the batch holds (n_batch == n_parallel,
+    // one slot and n_batch 1), "fills the batch" holds for none, and a step of nothing
+    // would repeat for ever.
+    const bool prompts_first = policy.prompts_first && n_decoding > 0 && n_prompt_ready > 0 &&
+                               decode_waits < policy.max_decode_waits &&
                                n_prompt_ready >= static_cast<size_t>(n_batch) - n_decoding;
     out.prompts_first = prompts_first;
     out.decode_waits = prompts_first ? decode_waits + 1 : 0;
