@@ -15,6 +15,8 @@ sees it:
 * ``<!-- snippet: ray -->`` before a Python block: it starts a local Ray cluster; it runs
   where Ray is installed (``fastpar[ray]``, Python 3.10+) and carries the ``ray`` marker,
   as tests/test_ray.py does.
+* ``<!-- snippet: lm-eval -->`` before a Python block: it runs where lm-evaluation-harness
+  is installed (``fastpar[lm-eval]``, in the test extra), as tests/test_lm_eval.py does.
 
 A block written as a ``>>>`` session is run by doctest (ELLIPSIS, NORMALIZE_WHITESPACE):
 the outputs it shows are compared, so every number the docs show is one the code prints.
@@ -114,7 +116,7 @@ def _collect():
                 elif b.marker is not None:
                     problems.append(f"{b.name}: a {b.lang or 'plain'} block takes only <!-- snippet: file PATH -->")
                 continue
-            if b.marker not in (None, "continues", "ray"):
+            if b.marker not in (None, "continues", "ray", "lm-eval"):
                 problems.append(f"{b.name}: unknown marker <!-- snippet: {b.marker} -->")
             if b.needs == "":
                 problems.append(f"{b.name}: '# needs' must say what the block needs")
@@ -238,6 +240,8 @@ def test_snippet(block: Block):
         pytest.skip(f"{block.name} continues {skipped.name}, which needs {skipped.needs}")
     if any(b.marker == "ray" for b in chain):
         pytest.importorskip("ray", reason=f"{block.name} needs fastpar[ray] (Python 3.10+)")
+    if any(b.marker == "lm-eval" for b in chain):
+        pytest.importorskip("lm_eval", reason=f"{block.name} needs fastpar[lm-eval]")
     results = _run_chain(chain)
     failed = next((b for b in before if not results.get(b.name, {}).get("ok")), None)
     if failed is not None:
