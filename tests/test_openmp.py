@@ -4,6 +4,7 @@ the user chose otherwise; processes started later get the environment as it was.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -40,8 +41,9 @@ def _run(**env_changes):
     got = {ln.split()[0]: ln.split()[1] for ln in out.stdout.splitlines()
            if ln.split() and ln.split()[0] in ("import", "model", "child", "gomp")}
     # What libgomp took, where this build uses it (a build without OpenMP has nothing to set).
-    taken = [ln.split("=", 1)[1].strip().strip("'") for ln in out.stderr.splitlines()
-             if ln.strip().startswith("GOMP_SPINCOUNT")]
+    # Lines as "GOMP_SPINCOUNT = '3000'", or "[host] GOMP_SPINCOUNT = '3000'" (newer libgomp).
+    taken = [m.group(1) for m in (re.match(r"(?:\[\w+\]\s*)?GOMP_SPINCOUNT\s*=\s*'?([^']*)'?", ln.strip())
+                                   for ln in out.stderr.splitlines()) if m]
     assert bool(taken) == (got.pop("gomp") == "loaded"), out.stderr
     return got, taken
 

@@ -35,6 +35,11 @@ PAIRS = [(c, x) for c, xs in zip(CONTEXTS, CHOICES) for x in xs]
 # Rows of different batch shapes round differently (docs/design.md, internals.md
 # "Isolation, measured"); on the CPU the sums below agree far closer than this.
 BATCH_TOL = 1.0 if ON_GPU else 2e-3
+# llama-perplexity decodes 4 chunks a batch, fastpar as many as it has slots: on the CPU the
+# perplexities agree to 4 significant digits; on a GPU the batch shapes round apart (0.8 %
+# measured on an H200, 85.17 against 85.87), so there the check is 2 % for the whole text
+# and 5 % for the running estimates (the first ones average a few dozen tokens).
+PPL_REL, PPL_CHUNK_REL = (2e-2, 5e-2) if ON_GPU else (5e-4, 5e-4)
 
 
 @pytest.fixture(scope="module")
@@ -56,9 +61,9 @@ def test_perplexity_equals_llama_perplexity(model: fastpar.Model, ctx: fastpar.C
     running = [float(v) for v in re.findall(r"\[\d+\]([0-9.]+),", log)]
     assert len(running) == ours.n_chunks
     # llama-perplexity prints 4 decimals; the values are tens, so 4 significant digits.
-    assert ours.perplexity == pytest.approx(final, rel=5e-4), (ours, final)
+    assert ours.perplexity == pytest.approx(final, rel=PPL_REL), (ours, final)
     for a, b in zip(ours.chunks, running):
-        assert a == pytest.approx(b, rel=5e-4)
+        assert a == pytest.approx(b, rel=PPL_CHUNK_REL)
     assert math.isclose(math.exp(ours.nll / ours.n_scored), ours.perplexity)
 
 
@@ -82,6 +87,10 @@ def test_greedy_continuation_loglikelihood_equals_generation_logprobs(model: fas
     scores = fastpar.loglikelihood(ctx, pairs)
     for s, c in zip(scores, gen):
         assert s.error is None
+        if ON_GPU:
+            # Scored in another batch shape than generated: a near tie may flip (conftest.GREEDY).
+            assert s.logprob == pytest.approx(math.fsum(c.logprobs), abs=BATCH_TOL)
+            continue
         assert s.is_greedy
         assert s.logprob == pytest.approx(math.fsum(c.logprobs), abs=1e-4)
     # A continuation that is not the greedy one is not.

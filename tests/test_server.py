@@ -14,11 +14,12 @@ import subprocess
 import sys
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 
 import fastpar
-from conftest import N_GPU_LAYERS, ON_GPU, SANITIZER, SLOWDOWN
+from conftest import N_GPU_LAYERS, ON_GPU, SANITIZER, SLOWDOWN, assert_same_greedy
 
 # The test extra brings these (pyproject.toml); a missing one is an error, never a skip.
 import httpx  # noqa: E402
@@ -112,12 +113,15 @@ def test_chat_stream_equals_whole_and_usage_counts_tokens(client, model, engine)
     assert all(c.usage is None for c in chunks[:-1])
 
 
-def test_completions_prompt_list_and_stream(aclient, solo):
+def test_completions_prompt_list_and_stream(aclient, solo, model):
     prompts = ["The capital of France is", "Water boils at", "The three primary colors are"]
+    # On a GPU the three prompts in one batch round differently from each alone
+    # (conftest.GREEDY): their tokens' log-probabilities are compared instead of the texts.
+    scores = {"logprobs": 0} if ON_GPU else {}
 
     async def go():
         client = aclient()
-        whole = await client.completions.create(model="smol", prompt=prompts, max_tokens=12, temperature=0)
+        whole = await client.completions.create(model="smol", prompt=prompts, max_tokens=12, temperature=0, **scores)
         stream = await client.completions.create(model="smol", prompt=prompts[0], max_tokens=12, temperature=0,
                                                   stream=True)
         pieces = [c.choices[0].text async for c in stream]
@@ -129,9 +133,16 @@ def test_completions_prompt_list_and_stream(aclient, solo):
     whole, streamed, echo = asyncio.run(go())
     assert [c.index for c in whole.choices] == [0, 1, 2]
     for c, p in zip(whole.choices, prompts):
-        assert c.text == solo(p, 12).text
-    assert streamed == whole.choices[0].text
-    assert whole.usage.completion_tokens == sum(len(solo(p, 12).token_ids) for p in prompts)
+        if ON_GPU:
+            want = solo(p, 12)
+            named = [model.token_bytes(t).decode("utf-8", "replace") for t in want.token_ids]
+            assert_same_greedy(SimpleNamespace(token_ids=c.logprobs.tokens, logprobs=c.logprobs.token_logprobs),
+                               SimpleNamespace(token_ids=named, logprobs=want.logprobs), f"{p!r} in a list")
+        else:
+            assert c.text == solo(p, 12).text
+    assert streamed == solo(prompts[0], 12).text  # alone, as the solo run
+    counts = [len(c.logprobs.tokens) for c in whole.choices] if ON_GPU else [len(solo(p, 12).token_ids) for p in prompts]
+    assert whole.usage.completion_tokens == sum(counts)
     assert echo.choices[0].text == prompts[1] + solo(prompts[1], 4).text
 
 
