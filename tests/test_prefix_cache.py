@@ -110,6 +110,51 @@ def test_multi_turn_chat_decodes_each_turn_once(model):
     assert_clean(on)
 
 
+def test_multi_turn_chat_through_the_server_equals_the_cache_off(model):
+    """Two users chat three turns through the server (the openai client, greedy, logprobs),
+    with the cache on and off, each turn the same messages to both: the cache on decodes only
+    each turn's new part (usage.prompt_tokens_details.cached_tokens says how much it reused)
+    and answers as the cache off does."""
+    openai = pytest.importorskip("openai")
+    from types import SimpleNamespace
+
+    from fastpar.server import create_app
+    from test_server import running
+
+    def answer(client, messages):
+        r = client.chat.completions.create(model="m", messages=messages, max_tokens=12, temperature=0, logprobs=True)
+        (choice,) = r.choices
+        lp = choice.logprobs.content
+        got = SimpleNamespace(finish_reason=choice.finish_reason, error=None, token_ids=[t.token for t in lp],
+                              logprobs=[t.logprob for t in lp])
+        return choice.message.content, got, (r.usage.prompt_tokens, r.usage.prompt_tokens_details.cached_tokens)
+
+    with fastpar.Engine(model, n_parallel=2, n_ctx_per_seq=1024, prefix_cache_mib=-1) as on_engine, \
+            fastpar.Engine(model, n_parallel=2, n_ctx_per_seq=1024, prefix_cache_mib=0) as off_engine, \
+            running(create_app(on_engine)) as on_url, running(create_app(off_engine)) as off_url:
+        on = openai.OpenAI(base_url=on_url + "/v1", api_key="none")
+        off = openai.OpenAI(base_url=off_url + "/v1", api_key="none")
+        convs = [[{"role": "system", "content": f"You are assistant number {u}. " + SYSTEM}] for u in range(2)]
+        cached = []
+        for turn in range(3):
+            for u in range(2):
+                convs[u].append({"role": "user", "content": QUESTIONS[turn + 3 * u]})
+                text, want, (_, none) = answer(off, convs[u])
+                _, got, counts = answer(on, convs[u])
+                _same([got], [want], f"turn {turn}, user {u}")
+                assert none == 0
+                cached.append(counts)
+                convs[u].append({"role": "assistant", "content": text})
+        # Each later turn reuses at least its user's previous prompt (the system prompt and
+        # earlier turns; the answer as the template renders it again may differ from the
+        # tokens generated).
+        assert [c for _, c in cached[:2]] == [0, 0], cached
+        for (before, _), (_, n_cached) in zip(cached, cached[2:]):
+            assert n_cached >= before - 1, cached
+        assert on_engine.prefix_cache_stats().n_tokens_reused == sum(c for _, c in cached)
+        assert_clean(on_engine)
+
+
 def test_reuse_is_exact_in_the_same_batch_shapes(model):
     """One token a step: chat turns, and two conversations taking turns through one slot
     (each moved to host memory and back), equal the cache off bit for bit."""

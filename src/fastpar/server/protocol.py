@@ -199,9 +199,18 @@ def _param_of(message: str, default: str) -> str:
     return default
 
 
-def usage(prompt_tokens: int, completions: List[Completion]) -> Dict[str, int]:
+def usage(prompt_tokens: int, completions: List[Completion], cached_tokens: int = 0) -> Dict[str, Any]:
+    """OpenAI's usage object; ``prompt_tokens_details.cached_tokens``: prompt tokens the
+    prefix cache gave instead of a decode."""
     gen = sum(c.n_gen_tokens for c in completions)
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": gen, "total_tokens": prompt_tokens + gen}
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": gen, "total_tokens": prompt_tokens + gen,
+            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
+
+
+def cached_prompt_tokens(completions: List[Optional[Completion]], n_prompts: int, n: int) -> int:
+    """Prompt tokens taken from the prefix cache, once per prompt (as prompt_tokens counts)."""
+    firsts = (completions[i * n] for i in range(n_prompts))
+    return sum(c.n_prompt_tokens_cached for c in firsts if c is not None)
 
 
 def prompt_tokens(completions: List[Optional[Completion]], n_prompts: int, n: int) -> int:
@@ -364,7 +373,8 @@ def response_body(req: Parsed, rid: str, created: int, model: str, completions: 
                             "finish_reason": FINISH[c.finish_reason]})
     return {"id": rid, "object": "chat.completion" if req.chat else "text_completion", "created": created,
             "model": model, "system_fingerprint": None, "choices": choices,
-            "usage": usage(prompt_tokens(completions, len(req.prompts), req.n), completions)}
+            "usage": usage(prompt_tokens(completions, len(req.prompts), req.n), completions,
+                           cached_prompt_tokens(completions, len(req.prompts), req.n))}
 
 
 def chunk_logprobs(req: Parsed, c: Completion, vocab: fastpar.Model, cache: Dict[int, bytes]) -> Any:
