@@ -165,6 +165,27 @@ def test_plain_callable_class_in_map_batches(ray_cluster, model):
             assert r["generated_text"] == want[r["row"]].text
 
 
+def test_prefix_cache_reuses_a_prefix_across_batches(model):
+    """An actor's engine with the prefix cache keeps what one batch decoded for the next: a
+    few-shot prefix is decoded once. (The predictor alone, in this process: no cluster.)"""
+    pytest.importorskip("ray")
+    import numpy as np
+    from fastpar.ray import FastparPredictor, FastparProcessorConfig
+
+    prefix = "Answer with one word. " + " ".join(["The sky is blue; grass is green."] * 12) + " Q: "
+    config = FastparProcessorConfig(model.path, n_parallel=2, n_ctx_per_seq=N_CTX, n_gpu_layers=N_GPU_LAYERS,
+                                    prefix_cache_mib=-1, sampling_params={"max_tokens": 4, "temperature": 0.0})
+    predictor = FastparPredictor(config)
+    try:
+        for batch in (["What colour is the sky?", "What colour is grass?"], ["What colour is snow?"]):
+            out = predictor({"prompt": np.array([prefix + q for q in batch])})
+            assert list(out["__inference_error__"]) == [""] * len(batch)
+        stats = predictor.engine.prefix_cache_stats()
+        assert stats.n_hits >= 1 and stats.n_tokens_reused >= len(model.tokenize(prefix)) - 2
+    finally:
+        predictor.engine.close()
+
+
 def test_stop_on_error_fails_the_job_with_the_rows_message(ray_cluster, model):
     import ray
     from fastpar.ray import FastparProcessorConfig, build_processor
@@ -186,6 +207,10 @@ def test_config_is_checked_before_any_work(model):
         FastparProcessorConfig(model.path, sampling_params={"max_new_tokens": 3})
     with pytest.raises(ValueError, match="batch_size"):
         FastparProcessorConfig(model.path, batch_size=0)
+    with pytest.raises(ValueError, match="prefix_cache_mib"):
+        FastparProcessorConfig(model.path, prefix_cache_mib=-2)
+    with pytest.raises(TypeError, match="prefix_cache_mib"):
+        FastparProcessorConfig(model.path, prefix_cache_mib="auto")
     config = FastparProcessorConfig(model.path, concurrency=[1, 4], num_cpus=2, num_gpus=1)
     kwargs = config._map_batches_kwargs()
     assert (kwargs["compute"].min_size, kwargs["compute"].max_size) == (1, 4)

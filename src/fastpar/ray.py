@@ -61,6 +61,9 @@ class FastparProcessorConfig:
     ``sampling_params``: defaults (a dict of ``fastpar.SamplingParams`` fields, or one
     ``SamplingParams``) that each row's ``sampling_params`` overrides field by field; its
     ``n`` decides the output shape (``n > 1``: list columns, docs/ray.md).
+    ``prefix_cache_mib``: each engine's prefix cache (``fastpar.Engine``: 0 off, -1 auto, or
+    a budget in MiB): rows whose prompts start alike (a few-shot prefix, a system prompt)
+    reuse the KV of what the actor decoded before instead of decoding it again.
     ``check_model_source``: ``model_source`` must be a file on this machine (the driver),
     checked here (``FileNotFoundError``; a folder: ``ValueError``) rather than in every
     actor, where the error would be buried in Ray's log; a relative path is made absolute.
@@ -80,6 +83,7 @@ class FastparProcessorConfig:
     apply_chat_template: bool = True
     should_continue_on_error: bool = True
     sampling_params: Optional[Mapping[str, Any]] = None
+    prefix_cache_mib: int = _ENGINE_DEFAULTS["prefix_cache_mib"].default
     check_model_source: bool = True
 
     def __post_init__(self) -> None:
@@ -117,6 +121,11 @@ class FastparProcessorConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {v!r}")
+        v = self.prefix_cache_mib
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise TypeError(f"prefix_cache_mib must be an int (0 off, -1 auto, or MiB), got {v!r}")
+        if v < -1:
+            raise ValueError(f"prefix_cache_mib must be -1 (auto), 0 (off) or a budget in MiB, got {v}")
         if not self.num_cpus > 0 or self.num_gpus < 0:
             raise ValueError(f"num_cpus must be > 0 and num_gpus >= 0, got {self.num_cpus} and {self.num_gpus}")
         sp = self.sampling_params
@@ -199,7 +208,7 @@ class FastparPredictor:
         in_flight = config.batch_size * config.max_concurrent_batches * max(config.n, 1)
         self.engine = fastpar.Engine(self.model, n_parallel=config.n_parallel, n_ctx_per_seq=config.n_ctx_per_seq,
                                      n_threads=max(1, int(round(config.num_cpus))),
-                                     max_queued=max(1024, 4 * in_flight))
+                                     max_queued=max(1024, 4 * in_flight), prefix_cache_mib=config.prefix_cache_mib)
 
     # -- one row -------------------------------------------------------------------------
 
