@@ -131,9 +131,9 @@ def test_multi_turn_chat_through_the_server_equals_the_cache_off(model):
 
     with fastpar.Engine(model, n_parallel=2, n_ctx_per_seq=1024, prefix_cache_mib=-1) as on_engine, \
             fastpar.Engine(model, n_parallel=2, n_ctx_per_seq=1024, prefix_cache_mib=0) as off_engine, \
-            running(create_app(on_engine)) as on_url, running(create_app(off_engine)) as off_url:
-        on = openai.OpenAI(base_url=on_url + "/v1", api_key="none")
-        off = openai.OpenAI(base_url=off_url + "/v1", api_key="none")
+            running(create_app(on_engine)) as on_url, running(create_app(off_engine)) as off_url, \
+            openai.OpenAI(base_url=on_url + "/v1", api_key="none") as on, \
+            openai.OpenAI(base_url=off_url + "/v1", api_key="none") as off:
         convs = [[{"role": "system", "content": f"You are assistant number {u}. " + SYSTEM}] for u in range(2)]
         cached = []
         for turn in range(3):
