@@ -52,10 +52,9 @@ def test_default_threads_give_way_to_busy_processes_and_a_chosen_count_stays(mod
         for p in busy:
             p.kill()
             p.wait()
-    if ON_GPU:
-        # Every layer on the GPU: llama.cpp's CPU threads hardly compute, so waiting for a
-        # core is no share of their time and nothing is lowered (measured on an H200: 16 of 16).
-        assert adaptive.last_stats.n_threads_low <= n, adaptive.last_stats
-    else:
+    if not ON_GPU:
+        # With every layer on a GPU llama.cpp's CPU threads hardly compute, so waiting for a
+        # core is no share of their time and nothing is lowered (an H200: 16 of 16): there
+        # only the chosen count is checked.
         assert adaptive.last_stats.n_threads_low < n, adaptive.last_stats
     assert fixed.last_stats.n_threads_low == n, fixed.last_stats
