@@ -39,7 +39,7 @@ import fastpar
 from fastpar import Completion, Engine, Request
 
 from .protocol import N_CTX_PER_SEQ, RETRY_AFTER_S, APIError, Parsed, chunk_logprobs, failure, parse, prompt_failure
-from .protocol import cached_prompt_tokens, prompt_tokens, response_body, usage
+from .protocol import prompt_tokens, response_body, usage
 
 __all__ = ["create_app", "serve"]
 
@@ -409,7 +409,7 @@ def create_app(engine: Union[Engine, Callable[[], Engine]], *, model_name: Optio
         finally:
             gone.cancel()
         completions = job.completions()
-        n_prompt = prompt_tokens(completions, len(req.prompts), req.n)
+        n_prompt, _ = prompt_tokens(completions, len(req.prompts), req.n)
         for k, c in enumerate(completions):
             err = failure(c, req.choice_param(k))
             if err is not None:
@@ -476,11 +476,11 @@ def create_app(engine: Union[Engine, Callable[[], Engine]], *, model_name: Optio
                 if pending and not await job.wait(gone):
                     return
             done_list = [c for c in completions if c is not None]
-            n_prompt = prompt_tokens(completions, len(req.prompts), req.n)
+            n_prompt, _ = prompt_tokens(completions, len(req.prompts), req.n)
             if req.include_usage:
                 yield _sse({"id": rid, "object": obj, "created": created, "model": model,
                             "system_fingerprint": None, "choices": [],
-                            "usage": usage(n_prompt, done_list, cached_prompt_tokens(completions, len(req.prompts), req.n))})
+                            "usage": usage(completions, len(req.prompts), req.n)})
             yield _DONE
             outcome = "success"
             finished(name, t0, done_list, n_prompt, outcome)

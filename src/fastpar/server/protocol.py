@@ -199,23 +199,10 @@ def _param_of(message: str, default: str) -> str:
     return default
 
 
-def usage(prompt_tokens: int, completions: List[Completion], cached_tokens: int = 0) -> Dict[str, Any]:
-    """OpenAI's usage object; ``prompt_tokens_details.cached_tokens``: prompt tokens the
-    prefix cache gave instead of a decode."""
-    gen = sum(c.n_gen_tokens for c in completions)
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": gen, "total_tokens": prompt_tokens + gen,
-            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
-
-
-def cached_prompt_tokens(completions: List[Optional[Completion]], n_prompts: int, n: int) -> int:
-    """Prompt tokens taken from the prefix cache, once per prompt (as prompt_tokens counts)."""
-    firsts = (completions[i * n] for i in range(n_prompts))
-    return sum(c.n_prompt_tokens_cached for c in firsts if c is not None)
-
-
-def prompt_tokens(completions: List[Optional[Completion]], n_prompts: int, n: int) -> int:
-    """Prompt tokens counted once per prompt (its samples share it), as OpenAI counts them."""
-    total = 0
+def prompt_tokens(completions: List[Optional[Completion]], n_prompts: int, n: int) -> Tuple[int, int]:
+    """(prompt tokens, those of them the prefix cache gave instead of a decode), counted
+    once per prompt (its samples share it), as OpenAI counts them."""
+    total = cached = 0
     for i in range(n_prompts):
         c = completions[i * n]
         if c is not None:
@@ -223,7 +210,17 @@ def prompt_tokens(completions: List[Optional[Completion]], n_prompts: int, n: in
             # would predict nothing), yet it is part of the prompt.
             seen = c.n_prompt_tokens + c.n_prompt_tokens_shared + c.n_prompt_tokens_cached
             total += max(seen, len(c.prompt_token_ids))
-    return total
+            cached += c.n_prompt_tokens_cached
+    return total, cached
+
+
+def usage(completions: List[Optional[Completion]], n_prompts: int, n: int) -> Dict[str, Any]:
+    """OpenAI's usage object of the choices done; ``prompt_tokens_details.cached_tokens``:
+    prompt tokens the prefix cache gave instead of a decode."""
+    prompt, cached = prompt_tokens(completions, n_prompts, n)
+    gen = sum(c.n_gen_tokens for c in completions if c is not None)
+    return {"prompt_tokens": prompt, "completion_tokens": gen, "total_tokens": prompt + gen,
+            "prompt_tokens_details": {"cached_tokens": cached}}
 
 
 def _token_text(vocab: fastpar.Model, token: int, cache: Dict[int, bytes]) -> bytes:
@@ -373,8 +370,7 @@ def response_body(req: Parsed, rid: str, created: int, model: str, completions: 
                             "finish_reason": FINISH[c.finish_reason]})
     return {"id": rid, "object": "chat.completion" if req.chat else "text_completion", "created": created,
             "model": model, "system_fingerprint": None, "choices": choices,
-            "usage": usage(prompt_tokens(completions, len(req.prompts), req.n), completions,
-                           cached_prompt_tokens(completions, len(req.prompts), req.n))}
+            "usage": usage(completions, len(req.prompts), req.n)}
 
 
 def chunk_logprobs(req: Parsed, c: Completion, vocab: fastpar.Model, cache: Dict[int, bytes]) -> Any:
