@@ -4,7 +4,8 @@ in-process on that load (what HTTP costs).
 
 N users, each with the async `openai` client, send their next request as soon as the last
 one ends (streamed, so that time to first token is measured; every request asks for its
-tokens with ignore_eos). Both servers run the same model with the same slots; llama-server
+tokens with ignore_eos). The users are spread over several client processes when there are
+many (--client-procs): one Python process parsing every stream would limit the load itself. Both servers run the same model with the same slots; llama-server
 (built from vendor/llama.cpp, bench/run.py build_baselines) is tried with each setting in
 LLAMA_SERVER_SETTINGS and its fastest is the baseline. Each measurement is the median of
 --reps repetitions, the servers taking turns within a repetition.
@@ -26,6 +27,7 @@ llama.cpp's decode can approach, not pass.
 
     python bench/bench_server.py                 # CPU -> bench/results/cpu-<arch>-<n>core-server.md
     python bench/bench_server.py --gpu           # GPU -> bench/results/gpu-<name>-server.md
+    python bench/bench_server.py --gpu --speed-type F16 --out F   # the F16 speed model
 
 Needs `pip install 'fastpar[server]' openai` and a checkout (the baselines build from it).
 """
@@ -34,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import multiprocessing
 import os
 import pathlib
 import platform
@@ -177,7 +180,8 @@ async def stream(client: "openai.AsyncOpenAI", b: dict) -> dict:
                 prompt=prompt)
 
 
-async def http_load(url: str, requests: list, users: int) -> dict:
+async def _users(url: str, requests: list, users: int) -> dict:
+    """`users` users of one client sending `requests`, each its next when its last ends."""
     async with async_client(url, users) as client:
         queue = list(reversed(requests))
         ttfts, gen, prompt = [], [0], [0]
@@ -189,11 +193,44 @@ async def http_load(url: str, requests: list, users: int) -> dict:
                 prompt[0] += r["prompt"]
                 ttfts.append(r["ttft"])
 
-        t0 = time.perf_counter()
-        with HealthProbe(url[:-len("/v1")]) as probe:
-            await asyncio.gather(*(user() for _ in range(users)))
-        return dict(wall=time.perf_counter() - t0, gen=gen[0], prompt=prompt[0], ttfts=ttfts,
-                    health=probe.latencies)
+        await asyncio.gather(*(user() for _ in range(users)))
+        return dict(gen=gen[0], prompt=prompt[0], ttfts=ttfts, end=time.monotonic())
+
+
+def _client_process(url: str, requests: list, users: int, ready, start, out) -> None:
+    """One client process of http_load: its share of the users, started with the others."""
+    ready.put(True)
+    start.wait()
+    out.put(asyncio.run(_users(url, requests, users)))
+
+
+def http_load(url: str, requests: list, users: int, procs: int) -> dict:
+    """The users spread over `procs` client processes (their requests dealt round-robin),
+    so that the client's own parsing of the streams is not what limits the load: the openai
+    client takes about as much CPU a chunk as a server takes to send it. Timed from the
+    start signal to the last process's last answer (time.monotonic is one clock for all)."""
+    with HealthProbe(url[:-len("/v1")]) as probe:
+        if procs <= 1:
+            t0 = time.monotonic()
+            parts = [asyncio.run(_users(url, requests, users))]
+        else:
+            mp = multiprocessing.get_context("spawn")
+            ready, out, start = mp.Queue(), mp.Queue(), mp.Event()
+            workers = [mp.Process(target=_client_process, daemon=True,
+                                  args=(url, requests[p::procs], users // procs + (p < users % procs), ready, start, out))
+                       for p in range(procs)]
+            for w in workers:
+                w.start()
+            for _ in workers:
+                ready.get(timeout=120)  # every client has imported openai and is waiting
+            t0 = time.monotonic()
+            start.set()
+            parts = [out.get(timeout=3600) for _ in workers]
+            for w in workers:
+                w.join()
+    return dict(wall=max(p["end"] for p in parts) - t0, gen=sum(p["gen"] for p in parts),
+                prompt=sum(p["prompt"] for p in parts), ttfts=[x for p in parts for x in p["ttfts"]],
+                health=probe.latencies)
 
 
 async def engine_load(engine: fastpar.Engine, requests: list, users: int) -> dict:
@@ -288,9 +325,13 @@ def main() -> int:
     ap.add_argument("--gpu", action="store_true", help="a CUDA build, every layer on the GPU, 64 and 256 users")
     ap.add_argument("--workloads", default="W1,W4,chat")
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--speed-type", default="Q4_K_M", help="the speed model's type: Q4_K_M (default) or F16")
     ap.add_argument("--llama-settings", default=",".join(LLAMA_SERVER_SETTINGS),
                     help=f"llama-server settings to try, of {', '.join(LLAMA_SERVER_SETTINGS)}")
     ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--client-procs", type=int, default=None,
+                    help="client processes sharing the users (default: users // 32, at most a quarter of the cores, "
+                         "at least 1)")
     ap.add_argument("--out", default=None, help="the result file (default bench/results/<machine>-server.md)")
     args = ap.parse_args()
     bench_run.Target.gpu = args.gpu
@@ -299,7 +340,7 @@ def main() -> int:
         bench_run.Target.baselines = bench_run.ROOT / "build" / "baselines-cuda"  # as bench/run.py --gpu
     tools = bench_run.build_baselines(server=True)
     speed_path = subprocess.run([sys.executable, str(HERE / "make_speed_model.py"), "--quantize-bin",
-                                 tools["llama-quantize"], "--type", "Q4_K_M"], capture_output=True, text=True,
+                                 tools["llama-quantize"], "--type", args.speed_type], capture_output=True, text=True,
                                 check=True).stdout.strip().splitlines()[-1]
     ngl = bench_run.Target.n_gpu_layers
     speed = fastpar.Model(speed_path, n_gpu_layers=ngl)
@@ -310,7 +351,8 @@ def main() -> int:
     rows = []
     notes: list = []
     for name, path, users, reqs, n_ctx in workloads(args.workloads.split(","), default_model, speed, args.gpu):
-        print(f"== {name}: {len(reqs)} requests, {users} users", flush=True)
+        procs = args.client_procs or max(1, min(users // 32, (os.cpu_count() or 1) // 4))
+        print(f"== {name}: {len(reqs)} requests, {users} users, {procs} client process(es)", flush=True)
         runs: dict = {}
         failed: dict = {}
         servers = {"fastpar serve": fastpar_server(path, users, n_ctx, args.threads)}
@@ -331,7 +373,7 @@ def main() -> int:
                             if who == "Engine in-process":
                                 r = asyncio.run(engine_load(e, reqs, users))
                             else:
-                                r = asyncio.run(http_load(servers[who].url, reqs, users))
+                                r = http_load(servers[who].url, reqs, users, procs)
                         except openai.APIError as err:  # a setting the server fails with: reported, not fatal
                             failed[who] = f"{type(err).__name__}: {err}"
                             print(f"  {who}: failed: {failed[who]}", flush=True)
@@ -348,6 +390,7 @@ def main() -> int:
         finally:
             for s in servers.values():
                 s.close()
+        notes.append(f"{name}: the HTTP load came from {procs} client process(es)")
         for who, why in failed.items():
             notes.append(f"{name}: {who} failed: {why}")
         summary = {}
@@ -376,8 +419,9 @@ def main() -> int:
     machine = (f"GPU {bench_run.gpu_name()}" if args.gpu
                else f"CPU {platform.machine()}, {os.cpu_count()} cores, {args.threads} threads")
     lines = [f"# fastpar serve against llama-server ({'GPU' if args.gpu else 'CPU'})", "",
-             f"`python bench/bench_server.py{' --gpu' if args.gpu else ''} --workloads {args.workloads} "
-             f"--reps {args.reps}`; fastpar {fastpar.__version__}, {machine}; "
+             f"`python bench/bench_server.py{' --gpu' if args.gpu else f' --workloads {args.workloads}'} "
+             f"--reps {args.reps} --speed-type {args.speed_type} --llama-settings {args.llama_settings}"
+             f"{f' --client-procs {args.client_procs}' if args.client_procs else ''}`; fastpar {fastpar.__version__}, {machine}; "
              f"{time.strftime('%Y-%m-%d')}. Load average before {load_before[0]:.1f}, after {load_after[0]:.1f} "
              f"(other processes shared the machine when it is above the core count).", "",
              "Users send their next request when the last ends (async openai client, streamed, ignore_eos); "
