@@ -16,10 +16,13 @@ from __future__ import annotations
 
 import os
 
-# About 30 microseconds of spinning (libgomp's estimate: 100 rounds a microsecond). Under
-# load it used about as little CPU as no spinning at all; alone, a partner that arrives
-# within that saves a sleep and a wake-up at each of a forward pass's hundreds of barriers.
-SPIN_COUNT = "3000"
+# About 300 microseconds of spinning (libgomp's estimate: 100 rounds a microsecond), a
+# tenth of libgomp's default. Alone, a partner that arrives within that saves a sleep and a
+# wake-up at each of a forward pass's hundreds of barriers (two cores: 1.10x raw llama.cpp
+# with it, 0.92-0.95x with 30 microseconds). Where other work takes the cores the thread
+# governor drops the threads that wait for a CPU, and beside busy processes a call took about
+# as long as with 30 microseconds (docs/internals.md, "Threads on a shared machine").
+SPIN_COUNT = "30000"
 
 _ours = False
 
