@@ -5,8 +5,9 @@ in-process on that load (what HTTP costs).
 N users, each with the async `openai` client, send their next request as soon as the last
 one ends (streamed, so that time to first token is measured; every request asks for its
 tokens with ignore_eos). The users are spread over several client processes when there are
-many (--client-procs): one Python process parsing every stream would limit the load itself. Both servers run the same model with the same slots; llama-server
-(built from vendor/llama.cpp, bench/run.py build_baselines) is tried with each setting in
+many (--client-procs): one Python process parsing every stream would limit the load itself.
+Both servers run the same model with the same slots; llama-server (built from
+vendor/llama.cpp, bench/run.py build_baselines) is tried with each setting in
 LLAMA_SERVER_SETTINGS and its fastest is the baseline. Each measurement is the median of
 --reps repetitions, the servers taking turns within a repetition.
 
@@ -27,7 +28,7 @@ llama.cpp's decode can approach, not pass.
 
     python bench/bench_server.py                 # CPU -> bench/results/cpu-<arch>-<n>core-server.md
     python bench/bench_server.py --gpu           # GPU -> bench/results/gpu-<name>-server.md
-    python bench/bench_server.py --gpu --speed-type F16 --out F   # the F16 speed model
+    python bench/bench_server.py --gpu --speed-type F16   # the F16 speed model
 
 Needs `pip install 'fastpar[server]' openai` and a checkout (the baselines build from it).
 """
@@ -216,8 +217,9 @@ def http_load(url: str, requests: list, users: int, procs: int) -> dict:
         else:
             mp = multiprocessing.get_context("spawn")
             ready, out, start = mp.Queue(), mp.Queue(), mp.Event()
+            shares = [users // procs + (p < users % procs) for p in range(procs)]
             workers = [mp.Process(target=_client_process, daemon=True,
-                                  args=(url, requests[p::procs], users // procs + (p < users % procs), ready, start, out))
+                                  args=(url, requests[p::procs], shares[p], ready, start, out))
                        for p in range(procs)]
             for w in workers:
                 w.start()
@@ -421,7 +423,8 @@ def main() -> int:
     lines = [f"# fastpar serve against llama-server ({'GPU' if args.gpu else 'CPU'})", "",
              f"`python bench/bench_server.py{' --gpu' if args.gpu else f' --workloads {args.workloads}'} "
              f"--reps {args.reps} --speed-type {args.speed_type} --llama-settings {args.llama_settings}"
-             f"{f' --client-procs {args.client_procs}' if args.client_procs else ''}`; fastpar {fastpar.__version__}, {machine}; "
+             f"{f' --client-procs {args.client_procs}' if args.client_procs else ''}`; "
+             f"fastpar {fastpar.__version__}, {machine}; "
              f"{time.strftime('%Y-%m-%d')}. Load average before {load_before[0]:.1f}, after {load_after[0]:.1f} "
              f"(other processes shared the machine when it is above the core count).", "",
              "Users send their next request when the last ends (async openai client, streamed, ignore_eos); "
