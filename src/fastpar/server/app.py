@@ -476,14 +476,13 @@ def create_app(engine: Union[Engine, Callable[[], Engine]], *, model_name: Optio
                 if pending and not await job.wait(gone):
                     return
             done_list = [c for c in completions if c is not None]
-            n_prompt, _ = prompt_tokens(completions, len(req.prompts), req.n)
+            counts = usage(completions, len(req.prompts), req.n)
             if req.include_usage:
                 yield _sse({"id": rid, "object": obj, "created": created, "model": model,
-                            "system_fingerprint": None, "choices": [],
-                            "usage": usage(completions, len(req.prompts), req.n)})
+                            "system_fingerprint": None, "choices": [], "usage": counts})
             yield _DONE
             outcome = "success"
-            finished(name, t0, done_list, n_prompt, outcome)
+            finished(name, t0, done_list, counts["prompt_tokens"], outcome)
         finally:
             # A client that leaves (seen by the disconnect watcher, or a failed send that
             # closes this generator) cancels what still generates: its slot frees in a step.
