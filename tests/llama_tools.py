@@ -2,7 +2,8 @@
 
 `llama_tool(name)` builds one target of the `FASTPAR_BUILD_BASELINES` configuration in
 build/baselines (bench/run.py builds its baselines there too) and returns its path; an
-already built tool is reused. With ccache on the PATH the build goes through it, so that
+already built tool is reused. `build_target(name)` builds any target there (libfastpar for
+tests/test_c_install.py). With ccache on the PATH the build goes through it, so that
 llama.cpp's and ggml's objects come from the cache the wheel's build filled (.ci/run sets
 that up) and only llama.cpp's `common` library and the tool itself are compiled anew.
 FASTPAR_LLAMA_TOOLS names a folder that already holds the tools (a build elsewhere).
@@ -26,14 +27,19 @@ def llama_tool(name: str) -> str:
         if not path.exists():
             raise FileNotFoundError(f"FASTPAR_LLAMA_TOOLS={given} holds no {name}")
         return str(path)
+    where = build_target(name)
+    return str(where / "bin" / name)
+
+
+def build_target(name: str) -> pathlib.Path:
+    """Builds target `name` of the baselines tree (configured on first use) and returns the tree."""
     import fastpar
 
     # A CUDA build of fastpar is measured against CUDA tools (as bench/run.py --gpu builds them).
     cuda = fastpar.backend() == "cuda"
     where = ROOT / "build" / "baselines-cuda" if cuda else BASELINES
-    path = where / "bin" / name
-    if path.exists():
-        return str(path)
+    if (where / "bin" / name).exists():
+        return where
     args = ["cmake", "-S", str(ROOT), "-B", str(where), "-DCMAKE_BUILD_TYPE=Release",
             "-DFASTPAR_BUILD_BASELINES=ON", "-DFASTPAR_BUILD_PYTHON=OFF"]
     if cuda:
@@ -44,4 +50,4 @@ def llama_tool(name: str) -> str:
     subprocess.run(args, check=True, stdout=subprocess.DEVNULL)
     subprocess.run(["cmake", "--build", str(where), "-j", str(os.cpu_count() or 1), "--target", name],
                    check=True, stdout=subprocess.DEVNULL)
-    return str(path)
+    return where
