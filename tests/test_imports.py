@@ -138,7 +138,8 @@ def exported_symbols(path: pathlib.Path) -> set:
 def shipped_shared_objects() -> list:
     import fastpar
 
-    here = pathlib.Path(fastpar.__file__).parent
+    # The native modules' folder: the package's, or an editable install's build output.
+    here = pathlib.Path(fastpar.get_library()).parent
     return sorted(p for p in here.rglob("*") if p.is_file() and p.read_bytes()[:4] == b"\x7fELF")
 
 

@@ -56,18 +56,24 @@ def backend() -> str:
     return _backend()
 
 
-def get_include() -> str:
-    """Folder holding ``fastpar.h``, for C and FFI consumers."""
+def _native_dir():
+    """The folder of the native modules, libfastpar and include/: the package's own folder,
+    or, in an editable install, the one the build installed them into."""
     import pathlib
 
-    return str(pathlib.Path(__file__).parent / "include")
+    from . import _core
+
+    return pathlib.Path(_core.__file__).parent
+
+
+def get_include() -> str:
+    """Folder holding ``fastpar.h``, for C and FFI consumers."""
+    return str(_native_dir() / "include")
 
 
 def get_library() -> str:
     """Path of the shared library ``libfastpar`` that implements ``fastpar.h``."""
-    import pathlib
-
-    here = pathlib.Path(__file__).parent
+    here = _native_dir()
     for name in ("libfastpar.so", "libfastpar.dylib", "fastpar.dll"):
         if (here / name).is_file():
             return str(here / name)
