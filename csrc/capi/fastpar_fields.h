@@ -53,8 +53,8 @@
     X(prefix_cache_mib,     INT32,   1, 1, 1)                               \
     X(prefix_cache_dir,     STRING,  1, 1, 1)
 
-/* top_logprobs is not in R: its results have no column for them. prompt_logprobs (scoring)
- * is not in the C ABI; prompt_logprobs_from is set by fastpar's scoring functions alone. */
+/* prompt_logprobs (scoring) is not in the C ABI; prompt_logprobs_from is set by fastpar's
+ * scoring functions alone. */
 #define FASTPAR_GENERATE_FIELDS(X)                                          \
     X(max_tokens,           INT32,   1, 1, 1)                               \
     X(temperature,          FLOAT,   1, 1, 1)                               \
@@ -70,7 +70,7 @@
     X(ignore_eos,           BOOL,    1, 1, 1)                               \
     X(logprobs,             BOOL,    1, 1, 1)                               \
     X(n,                    INT32,   1, 1, 1)                               \
-    X(top_logprobs,         INT32,   1, 1, 0)                               \
+    X(top_logprobs,         INT32,   1, 1, 1)                               \
     X(json_schema,          STRING,  1, 1, 1)                               \
     X(grammar,              STRING,  1, 1, 1)                               \
     X(prompt_logprobs,      BOOL,    0, 1, 0)                               \

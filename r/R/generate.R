@@ -29,7 +29,10 @@
 #'   for it.
 #' @param ... Further options by name: `grammar` (GBNF text, `NA` for none; not with
 #'   `json_schema`), `logprobs` (`TRUE` adds a list column `logprobs`, the log-probability
-#'   of every generated token), `presence_penalty`, `frequency_penalty`, `repeat_last_n`.
+#'   of every generated token), `top_logprobs` (`k` from 1 to 20 adds a list column
+#'   `top_logprobs`: for each row a list of two matrices with a row per generated token and
+#'   its `k` most likely tokens in columns, best first: `token_ids` (integer) and
+#'   `logprobs`), `presence_penalty`, `frequency_penalty`, `repeat_last_n`.
 #' @return A data.frame with one row per prompt, in input order (with `n` given: one row
 #'   per sample, prompt by prompt, with columns `prompt_index` and `sample_index` first):
 #'   \describe{
@@ -97,6 +100,7 @@ generate_parallel <- function(ctx, prompts, max_tokens = NULL, temperature = NUL
   cols <- out$columns
   if (is.null(n)) cols$prompt_index <- cols$sample_index <- NULL
   if (is.null(cols$logprobs)) cols$logprobs <- NULL
+  if (is.null(cols$top_logprobs)) cols$top_logprobs <- NULL
   res <- structure(cols, class = "data.frame", row.names = seq_along(cols$text))
   attr(res, "stats") <- out$stats
   res
@@ -109,7 +113,7 @@ generate_parallel <- function(ctx, prompts, max_tokens = NULL, temperature = NUL
   model = character(),
   context = c("n_batch", "device_sampling", "warmup", "kv_unified", "share_prefixes", "type_k", "type_v",
               "prefix_cache_mib", "prefix_cache_dir"),
-  generate = c("grammar", "logprobs", "presence_penalty", "frequency_penalty", "repeat_last_n")
+  generate = c("grammar", "logprobs", "top_logprobs", "presence_penalty", "frequency_penalty", "repeat_last_n")
 )
 
 .options <- function(what) {

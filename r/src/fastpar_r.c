@@ -349,6 +349,27 @@ static SEXP fastpar_r_last_stats(SEXP ctx_ptr) {
     return st == FASTPAR_OK ? stats_list(&s) : failure(st);
 }
 
+/* A row's top_logprobs: list(token_ids = , logprobs = ), two n_gen_tokens x k matrices
+ * (row t: position t's k most likely tokens, best first). The C arrays are row-major. */
+static SEXP top_logprobs_entry(const fastpar_completion * c) {
+    const int32_t n = c->n_gen_tokens, k = c->n_top_logprobs;
+    const char * names[] = {"token_ids", "logprobs", ""};
+    SEXP entry = PROTECT(Rf_mkNamed(VECSXP, names));
+    SEXP ids = Rf_allocMatrix(INTSXP, n, k);
+    SET_VECTOR_ELT(entry, 0, ids);
+    SEXP values = Rf_allocMatrix(REALSXP, n, k);
+    SET_VECTOR_ELT(entry, 1, values);
+    for (int32_t t = 0; t < n; ++t) {
+        for (int32_t j = 0; j < k; ++j) {
+            const size_t from = (size_t) t * (size_t) k + (size_t) j, to = (size_t) j * (size_t) n + (size_t) t;
+            INTEGER(ids)[to] = c->top_logprob_ids[from];
+            REAL(values)[to] = c->top_logprob_values[from];
+        }
+    }
+    UNPROTECT(1);
+    return entry;
+}
+
 /* prompts: a list, each entry one string (raw text) or list(role = <chr>, content = <chr>)
  * (chat messages). opts: generation options by name, each of length 1 or length(prompts),
  * of its kind's R type (fastpar_fields.h: stop a list of character vectors, json_schema and
@@ -418,13 +439,14 @@ static SEXP fastpar_r_generate(SEXP ctx_ptr, SEXP prompts, SEXP opts, SEXP per_p
     INTEGER(count)[0] = n_results;
     R_SetExternalPtrAddr(held, results);
 
-    bool any_logprobs = false;
+    bool any_logprobs = false, any_top = false;
     for (int32_t k = 0; k < n_results; ++k) {
         any_logprobs = any_logprobs || results[k].logprobs != NULL;
+        any_top = any_top || results[k].n_top_logprobs > 0;
     }
     const char * names[] = {"prompt_index", "sample_index", "text", "finish_reason", "error", "n_prompt_tokens",
                             "n_prompt_tokens_shared", "n_prompt_tokens_cached", "n_gen_tokens", "token_ids",
-                            "logprobs", ""};
+                            "logprobs", "top_logprobs", ""};
     SEXP cols = PROTECT(Rf_mkNamed(VECSXP, names));
     SEXP prompt_index = Rf_allocVector(INTSXP, n_results);
     SET_VECTOR_ELT(cols, 0, prompt_index);
@@ -448,6 +470,8 @@ static SEXP fastpar_r_generate(SEXP ctx_ptr, SEXP prompts, SEXP opts, SEXP per_p
     SET_VECTOR_ELT(cols, 9, token_ids);
     SEXP lp = any_logprobs ? Rf_allocVector(VECSXP, n_results) : R_NilValue;
     SET_VECTOR_ELT(cols, 10, lp);
+    SEXP top = any_top ? Rf_allocVector(VECSXP, n_results) : R_NilValue;
+    SET_VECTOR_ELT(cols, 11, top);
 
     /* Prompt i contributes its n samples in turn (fastpar_generate's order). */
     int32_t k = 0;
@@ -475,6 +499,9 @@ static SEXP fastpar_r_generate(SEXP ctx_ptr, SEXP prompts, SEXP opts, SEXP per_p
                 for (int32_t t = 0; c->logprobs != NULL && t < c->n_gen_tokens; ++t) {
                     REAL(v)[t] = c->logprobs[t];
                 }
+            }
+            if (any_top) {
+                SET_VECTOR_ELT(top, k, top_logprobs_entry(c));
             }
         }
     }

@@ -51,6 +51,18 @@ test_that("options are per prompt, recycled from length 1", {
   expect_identical(length(res$logprobs[[1]]), res$n_gen_tokens[1])
   expect_true(all(res$logprobs[[1]] <= 0))
   expect_identical(res$logprobs[[2]], numeric(0))
+  # top_logprobs: per row, a generated token per matrix row and its k best tokens, best
+  # first; greedy picks the best, so its first column is the tokens and their logprobs.
+  res <- generate_parallel(ctx, prompts[1:2], max_tokens = 6, temperature = 0, logprobs = TRUE,
+                           top_logprobs = c(3, 0))
+  top <- res$top_logprobs[[1]]
+  expect_identical(dim(top$token_ids), c(res$n_gen_tokens[1], 3L))
+  expect_identical(dim(top$logprobs), c(res$n_gen_tokens[1], 3L))
+  expect_identical(top$token_ids[, 1], res$token_ids[[1]])
+  expect_equal(top$logprobs[, 1], res$logprobs[[1]], tolerance = 1e-6)
+  expect_true(all(top$logprobs[, 1] >= top$logprobs[, 2] & top$logprobs[, 2] >= top$logprobs[, 3]))
+  expect_identical(ncol(res$top_logprobs[[2]]$token_ids), 0L)
+  expect_null(generate_parallel(ctx, prompts[1], max_tokens = 2, temperature = 0)$top_logprobs)
 })
 
 test_that("n samples give one row per sample, with prompt and sample indices", {
