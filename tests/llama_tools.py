@@ -4,8 +4,8 @@
 build/baselines (bench/run.py builds its baselines there too) and returns its path; an
 already built tool is reused. `build_target(name)` builds any target there (libfastpar for
 tests/test_c_install.py). With ccache on the PATH the build goes through it, so that
-llama.cpp's and ggml's objects come from the cache the wheel's build filled (.ci/run sets
-that up) and only llama.cpp's `common` library and the tool itself are compiled anew.
+llama.cpp's and ggml's objects can come from the cache of an earlier build; without it
+the first tool built compiles llama.cpp (minutes), the later ones only themselves.
 FASTPAR_LLAMA_TOOLS names a folder that already holds the tools (a build elsewhere).
 """
 

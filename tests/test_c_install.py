@@ -1,10 +1,10 @@
-"""The C library installed like a C library (README, "From C"): `cmake --install` of a plain
+"""The C library installed like a C library (README, "C"): `cmake --install` of a plain
 CMake build gives libfastpar, fastpar.h, a CMake package and fastpar.pc, and examples/c
 builds against the prefix with find_package and with pkg-config, and gives Python's tokens.
 
-The build is tests/llama_tools.py's tree (build/baselines, without Python; CI fills it
-through ccache); only libfastpar's target is built. Marked ``packaging`` (minutes on a cold
-cache); skip it locally with ``-m "not packaging"``.
+The build is tests/llama_tools.py's tree (build/baselines, without Python), which the
+scoring tests' llama.cpp tools share; only libfastpar's target is built there. Marked
+``packaging`` (minutes when that tree is new); skip it locally with ``-m "not packaging"``.
 """
 
 from __future__ import annotations
