@@ -12,24 +12,17 @@ from __future__ import annotations
 import os
 import pathlib
 import shutil
-import subprocess
 
 import pytest
 
 import fastpar
+from example_runs import c_example_tokens, python_greedy, run
 from llama_tools import build_target
 
 pytestmark = pytest.mark.packaging
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "c"
-PROMPTS = ["The capital of France is", "Water boils at"]
-
-
-def run(cmd, **kwargs) -> subprocess.CompletedProcess:
-    proc = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, **kwargs)
-    assert proc.returncode == 0, f"{' '.join(map(str, cmd))} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
-    return proc
 
 
 @pytest.fixture(scope="module")
@@ -40,22 +33,10 @@ def prefix(tmp_path_factory) -> pathlib.Path:
     return dest
 
 
-def example_tokens(exe: pathlib.Path, model_path: str) -> list[list[int]]:
-    out = run([exe, model_path, *PROMPTS], timeout=300)
-    lines = out.stdout.splitlines()
-    assert lines[-1].startswith(f"fastpar {fastpar.__version__} ("), lines[-1]
-    tokens = []
-    for i, prompt in enumerate(PROMPTS):
-        head = next(ln for ln in lines if ln.startswith(f"[{i}] {prompt} ("))
-        tokens.append([int(t) for t in head.split("):", 1)[1].split()])
-    return tokens
-
-
 @pytest.fixture(scope="module")
-def python_tokens() -> list[list[int]]:
-    # generate.c's call: greedy, 48 new tokens, a slot per prompt, on the CPU.
-    ctx = fastpar.Context(fastpar.Model(fastpar.default_model_path()), n_parallel=2, n_ctx_per_seq=512)
-    return [c.token_ids for c in fastpar.generate_parallel(ctx, PROMPTS, max_tokens=48, temperature=0.0)]
+def python_tokens() -> list:
+    # generate.c's call: greedy, 48 new tokens, a slot per prompt.
+    return python_greedy(fastpar.default_model_path(), n_parallel=2, max_tokens=48)
 
 
 def test_install_holds_the_library_header_cmake_package_and_pkg_config_file(prefix):
@@ -73,7 +54,7 @@ def test_example_builds_with_find_package_and_matches_python(prefix, python_toke
     build = tmp_path / "build"
     run(["cmake", "-S", EXAMPLE, "-B", build, f"-DCMAKE_PREFIX_PATH={prefix}", "-DCMAKE_BUILD_TYPE=Release"])
     run(["cmake", "--build", build])
-    assert example_tokens(build / "generate", fastpar.default_model_path()) == python_tokens
+    assert c_example_tokens(build / "generate", fastpar.default_model_path()) == python_tokens
 
 
 def test_example_builds_with_pkg_config_and_matches_python(prefix, python_tokens, tmp_path):
@@ -84,6 +65,6 @@ def test_example_builds_with_pkg_config_and_matches_python(prefix, python_tokens
     flags = run([pkg_config, "--cflags", "--libs", "fastpar"], env=env).stdout.split()
     libdir = run([pkg_config, "--variable=libdir", "fastpar"], env=env).stdout.strip()
     exe = tmp_path / "generate"
-    # The README's command.
+    # examples/c/README.md's command.
     run([cc, "-std=c11", "-O2", "-Wall", "-Werror", EXAMPLE / "generate.c", *flags, f"-Wl,-rpath,{libdir}", "-o", exe])
-    assert example_tokens(exe, fastpar.default_model_path()) == python_tokens
+    assert c_example_tokens(exe, fastpar.default_model_path()) == python_tokens

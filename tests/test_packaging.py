@@ -24,23 +24,16 @@ import types
 import pytest
 
 import fastpar
+from example_runs import PROMPTS, c_example_tokens, python_greedy, run
 
 pytestmark = pytest.mark.packaging
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
-PROMPTS = ["The capital of France is", "Water boils at"]
 # What an sdist must carry to build fastpar without fetching anything.
 SDIST_NEEDS = ("pyproject.toml", "LICENSE", "CMakeLists.txt", "build_backend/backend.py", "scripts/vendor_llama.py",
                "csrc/capi/fastpar.h", "vendor/llama.cpp/CMakeLists.txt", "vendor/llama.cpp/include/llama.h",
                "vendor/llama.cpp/FASTPAR_VENDORED", "vendor/llama.cpp/ggml/src/ggml.c")
-
-
-def run(cmd, **kwargs) -> subprocess.CompletedProcess:
-    """Runs cmd; on failure the assertion shows its output."""
-    proc = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, **kwargs)
-    assert proc.returncode == 0, f"{' '.join(map(str, cmd))} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
-    return proc
 
 
 def fresh_clone(dest: pathlib.Path) -> pathlib.Path:
@@ -156,15 +149,6 @@ def test_wheel_runs_the_demo_outside_the_source_tree(wheel_env, model):
     print(f"wheel {wheel_env.wheel.name}: {wheel_env.wheel.stat().st_size / 1e6:.1f} MB")
 
 
-def python_greedy(model, n_parallel, max_tokens):
-    """The examples' call made from Python, on the CPU as the examples run."""
-    cpu_model = fastpar.Model(model.path)
-    ctx = fastpar.Context(cpu_model, n_parallel=n_parallel, n_ctx_per_seq=512)
-    results = fastpar.generate_parallel(ctx, PROMPTS, max_tokens=max_tokens, temperature=0.0)
-    assert all(c.n_gen_tokens > 0 for c in results)
-    return [c.token_ids for c in results]
-
-
 def test_c_example_builds_against_the_wheel_and_matches_python(wheel_env, model, tmp_path):
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:
@@ -174,14 +158,7 @@ def test_c_example_builds_against_the_wheel_and_matches_python(wheel_env, model,
     # examples/c/README.md's command.
     run([cc, "-std=c11", "-O2", "-Wall", "-Werror", EXAMPLES / "c" / "generate.c", f"-I{wheel_env.include}",
          f"-L{lib}", "-lfastpar", f"-Wl,-rpath,{lib}", "-o", exe])
-    out = run([exe, model.path, *PROMPTS], timeout=300)
-    lines = out.stdout.splitlines()
-    c_tokens = []
-    for i, prompt in enumerate(PROMPTS):
-        head = next(ln for ln in lines if ln.startswith(f"[{i}] {prompt} ("))
-        c_tokens.append([int(t) for t in head.split("):", 1)[1].split()])
-    assert lines[-1].startswith(f"fastpar {fastpar.__version__} ({fastpar.backend()}): ")
-    assert c_tokens == python_greedy(model, n_parallel=2, max_tokens=48)
+    assert c_example_tokens(exe, model.path) == python_greedy(model.path, n_parallel=2, max_tokens=48)
 
 
 @pytest.fixture(scope="module")
@@ -217,4 +194,4 @@ cat("MISSING", e, "\\n")
     r_tokens = [[int(t) for t in ln.split()[1:]] for ln in out.splitlines() if ln.startswith("TOKENS")]
     assert f"fastpar {fastpar.__version__} " in out
     assert "MISSING not_found" in out
-    assert r_tokens == python_greedy(model, n_parallel=4, max_tokens=24)
+    assert r_tokens == python_greedy(model.path, n_parallel=4, max_tokens=24)
