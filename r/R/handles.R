@@ -186,32 +186,47 @@ fastpar_info <- function() .Call(C_fastpar_r_info)
 #' Path of fastpar's default model
 #'
 #' The same file Python's `fastpar.default_model_path()` gives: SmolLM2-135M-Instruct
-#' (Q4_1) in fastpar's cache (`$FASTPAR_CACHE`, default `~/.cache/fastpar`). The R
-#' package asks the Python package for it, so that the file's name, its checksums and
-#' the way it is fetched have one source: on first use Python fetches and verifies it
-#' (about 100 MB); later calls only look it up.
+#' (Q4_1) in fastpar's cache (`$FASTPAR_CACHE`, default `~/.cache/fastpar`), in its
+#' `models` folder. A file there is used as it is, without Python: fastpar's fetch
+#' verifies the checksums before it moves a file into place. When it is not there yet,
+#' the Python package fetches and verifies it (about 100 MB), so that the pinned
+#' download and its checksums have one source.
 #'
 #' The Python interpreter is `$FASTPAR_PYTHON`, else the one that had the `fastpar`
 #' package when this package was installed ([fastpar_info()]`$python`).
-#' @return The path, one string. An error when no Python with fastpar is known or the
-#'   model cannot be fetched.
+#' @return The path, one string. An error when the file is not in the cache and no
+#'   Python with fastpar is known, or the model cannot be fetched.
 #' @examples
 #' \donttest{
 #' fastpar_default_model_path()
 #' }
 #' @export
 fastpar_default_model_path <- function() {
+  cached <- .default_model_in_cache()
+  if (file.exists(cached)) {
+    return(cached)
+  }
   python <- .python()
   if (!nzchar(python)) {
-    stop("no Python with the fastpar package is known: set FASTPAR_PYTHON, or give a model's path",
-         call. = FALSE)
+    stop("the default model is not in fastpar's cache (", cached, ") and no Python with the fastpar ",
+         "package is known to fetch it: set FASTPAR_PYTHON, or give a model's path", call. = FALSE)
   }
-  out <- suppressWarnings(system2(python, c("-c", shQuote("import fastpar; print(fastpar.default_model_path())")),
-                                  stdout = TRUE, stderr = TRUE))
+  # An interpreter that cannot be run at all is an error of system2's own: the same message.
+  out <- tryCatch(suppressWarnings(system2(python, c("-c", shQuote("import fastpar; print(fastpar.default_model_path())")),
+                                           stdout = TRUE, stderr = TRUE)),
+                  error = function(e) structure(conditionMessage(e), status = 127L))
   status <- attr(out, "status")
   path <- if (length(out)) out[length(out)] else ""
   if (!is.null(status) && status != 0 || !file.exists(path)) {
     stop("fastpar.default_model_path() failed in ", python, ":\n", paste(out, collapse = "\n"), call. = FALSE)
   }
   path
+}
+
+# Where Python's fastpar keeps the default model (fastpar/_fetch.py cache_dir(),
+# fastpar/_models.py): $FASTPAR_CACHE or ~/.cache/fastpar, then models/<file>.
+.default_model_in_cache <- function() {
+  cache <- Sys.getenv("FASTPAR_CACHE")
+  if (!nzchar(cache)) cache <- file.path(path.expand("~"), ".cache", "fastpar")
+  file.path(cache, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
 }

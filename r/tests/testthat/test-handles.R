@@ -92,3 +92,26 @@ test_that("the KV cache's types are context options", {
   expect_match(conditionMessage(e), "type_k must be one of", fixed = TRUE)
   expect_error(fastpar_context(test_model(), type_v = 8), "type_v must be one string")
 })
+
+test_that("the default model in fastpar's cache is found without Python", {
+  folder <- tempfile("fastpar-cache-")
+  dir.create(file.path(folder, "models"), recursive = TRUE)
+  on.exit(unlink(folder, recursive = TRUE), add = TRUE)
+  old <- Sys.getenv(c("FASTPAR_CACHE", "FASTPAR_PYTHON"), unset = NA)
+  on.exit(for (k in names(old)) {
+    if (is.na(old[[k]])) Sys.unsetenv(k) else do.call(Sys.setenv, as.list(old[k]))
+  }, add = TRUE)
+  # No interpreter that could answer: the file must be found by R alone, or refused clearly.
+  Sys.setenv(FASTPAR_CACHE = folder, FASTPAR_PYTHON = file.path(folder, "no-python"))
+  expect_error(fastpar_default_model_path(), "failed in .*no-python")
+  file <- file.path(folder, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
+  writeLines("a stand-in", file)
+  expect_equal(normalizePath(fastpar_default_model_path()), normalizePath(file))
+})
+
+test_that("R looks for the default model where Python's fastpar keeps it", {
+  py <- python()
+  real <- test_model()  # skips without a model
+  out <- system2(py, c("-c", shQuote("import fastpar; print(fastpar.default_model_path())")), stdout = TRUE)
+  expect_equal(normalizePath(fastpar:::.default_model_in_cache()), normalizePath(out[length(out)]))
+})
