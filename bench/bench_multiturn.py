@@ -15,8 +15,8 @@ the chat template adds a few tokens to each message.
 
 Servers, each with --parallel slots (default: one per user), --threads threads and a
 context per slot that holds a whole conversation (at least 4096):
-  * fastpar serve --prefix-cache-mib -1 (prefix cache on, auto budget);
-  * fastpar serve with its defaults (prefix cache off, as --prefix-cache-mib 0);
+  * fastpar serve --prefix-cache-mib -1 (prefix cache on, auto budget: the server's default);
+  * fastpar serve --prefix-cache-mib 0 (prefix cache off);
   * llama-server at its defaults (cache_prompt on, --cache-ram 8192 MiB) and at each other
     setting of LLAMA_SETTINGS; the fastest of these by generated tokens/s is "best".
 Each server is started afresh for every run (no cache survives from an earlier run) and

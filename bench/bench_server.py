@@ -8,7 +8,9 @@ tokens with ignore_eos). The users are spread over several client processes when
 many (--client-procs): one Python process parsing every stream would limit the load itself.
 Both servers run the same model with the same slots; llama-server (built from
 vendor/llama.cpp, bench/run.py build_baselines) is tried with each setting in
-LLAMA_SERVER_SETTINGS and its fastest is the baseline. Each measurement is the median of
+LLAMA_SERVER_SETTINGS and its fastest is the baseline. fastpar serve runs at its defaults
+(its prefix cache on, as llama-server's prompt cache is) and with --prefix-cache-mib 0;
+the in-process Engine has the server's default cache. Each measurement is the median of
 --reps repetitions, the servers taking turns within a repetition.
 
 Workloads (CPU): W1 the speed model (Qwen3-0.6B shape, Q4_K_M), 8 users, 32-token prompts,
@@ -50,6 +52,7 @@ import threading
 import time
 
 import fastpar
+from fastpar.server.protocol import SERVE_PREFIX_CACHE_MIB
 
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -64,6 +67,7 @@ except ImportError as e:
 # llama-server settings tried; the fastest is the baseline. --cache-ram 0 turns off its
 # prompt cache in host memory (every prompt here is new).
 LLAMA_SERVER_SETTINGS = {"default": [], "cache-ram-0": ["--cache-ram", "0"]}
+FASTPAR_CACHE_OFF = "fastpar serve --prefix-cache-mib 0"
 
 
 def free_port() -> int:
@@ -357,13 +361,15 @@ def main() -> int:
         print(f"== {name}: {len(reqs)} requests, {users} users, {procs} client process(es)", flush=True)
         runs: dict = {}
         failed: dict = {}
-        servers = {"fastpar serve": fastpar_server(path, users, n_ctx, args.threads)}
+        servers = {"fastpar serve": fastpar_server(path, users, n_ctx, args.threads),
+                   FASTPAR_CACHE_OFF: fastpar_server(path, users, n_ctx, args.threads, ["--prefix-cache-mib", "0"])}
         for setting, extra in LLAMA_SERVER_SETTINGS.items():
             if setting in args.llama_settings.split(","):
                 servers[f"llama-server {setting}"] = llama_server(tools["llama-server"], path, users, n_ctx,
                                                                   args.threads, extra)
         try:
-            with fastpar.Engine(models[path], n_parallel=users, n_ctx_per_seq=n_ctx, n_threads=args.threads) as e:
+            with fastpar.Engine(models[path], n_parallel=users, n_ctx_per_seq=n_ctx, n_threads=args.threads,
+                                prefix_cache_mib=SERVE_PREFIX_CACHE_MIB) as e:
                 for rep in range(args.reps):
                     order = list(servers) + ["Engine in-process"]
                     if rep % 2:

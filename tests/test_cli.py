@@ -153,7 +153,11 @@ def test_kv_cache_types_reach_the_engine_and_the_context(monkeypatch, tmp_path):
     monkeypatch.setattr(uvicorn.Server, "run", started)
     assert main(["serve", "--type-k", "q8_0", "--type-v", "q4_0"]) == 0
     assert main(["serve"]) == 0
-    assert [(e.get("type_k"), e.get("type_v")) for e in engines] == [("q8_0", "q4_0"), (None, None)]
+    assert main(["serve", "--prefix-cache-mib", "0"]) == 0
+    assert [(e.get("type_k"), e.get("type_v")) for e in engines] == [("q8_0", "q4_0"), (None, None), (None, None)]
+    # The server keeps a prefix cache unless told not to (docs/server.md); run and the
+    # library do not (below).
+    assert [e.get("prefix_cache_mib") for e in engines] == [-1, -1, 0]
 
     contexts = []
 
@@ -166,3 +170,4 @@ def test_kv_cache_types_reach_the_engine_and_the_context(monkeypatch, tmp_path):
     src.write_text("")
     assert main(["run", str(src), "-o", str(tmp_path / "out.jsonl"), "--model", str(src), "--type-k", "q8_0"]) == 1
     assert contexts[0]["type_k"] == "q8_0" and "type_v" not in contexts[0]
+    assert "prefix_cache_mib" not in contexts[0]

@@ -134,7 +134,9 @@ def _run(args: argparse.Namespace) -> int:
     return 1 if counts["failed"] else 0
 
 
-def _engine_options(p: argparse.ArgumentParser) -> None:
+def _engine_options(p: argparse.ArgumentParser, prefix_cache_mib: Optional[int]) -> None:
+    """The model and context options of serve and run; ``prefix_cache_mib`` is the command's
+    default for --prefix-cache-mib (None: the library's)."""
     from fastpar.server.protocol import N_CTX_PER_SEQ
 
     p.add_argument("--n-parallel", type=int, default=8, help="slots: requests generated together (default 8)")
@@ -150,10 +152,11 @@ def _engine_options(p: argparse.ArgumentParser) -> None:
         p.add_argument(f"--type-{which}", default=None, metavar="TYPE",
                        help=f"the KV cache's {which.upper()} type: f16 (default), bf16, f32, q8_0 or q4_0; "
                             "q8_0 holds about 1.9x the positions in the same memory (docs/performance.md)")
-    p.add_argument("--prefix-cache-mib", type=int, default=None, metavar="MIB",
+    p.add_argument("--prefix-cache-mib", type=int, default=prefix_cache_mib, metavar="MIB",
                    help="host memory for the prefix cache, which keeps finished requests' KV so that a "
                         "later request with the same start (a chat's next turn) decodes only the rest; "
-                        "-1 = a quarter of the available memory, at most 8192; 0 = off (default)")
+                        "-1 = a quarter of the available memory, at most 8192; 0 = off "
+                        f"(default {0 if prefix_cache_mib is None else prefix_cache_mib})")
     p.add_argument("--prefix-cache-dir", default=None, metavar="DIR",
                    help="keep the prefix cache in this folder across restarts (with --prefix-cache-mib); "
                         "files from another model, KV type or build are refused")
@@ -162,6 +165,8 @@ def _engine_options(p: argparse.ArgumentParser) -> None:
 
 def _parse(argv: Optional[List[str]]) -> argparse.Namespace:
     """The command line's arguments; a usage mistake exits with status 2 and one line."""
+    from fastpar.server.protocol import SERVE_PREFIX_CACHE_MIB
+
     # No abbreviations: `--model` must never be taken for `--model-name`.
     parser = argparse.ArgumentParser(prog="fastpar", description="Many prompts through one llama.cpp model at once.",
                                      allow_abbrev=False)
@@ -183,7 +188,10 @@ def _parse(argv: Optional[List[str]]) -> argparse.Namespace:
     serve.add_argument("--model", default=None, help="GGUF file, as the positional argument")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
-    _engine_options(serve)
+    # The server keeps its prefix cache by default, as llama-server keeps its prompt cache: a
+    # chat's turns come as separate requests (docs/server.md says what it changes); a batch
+    # file, like the library, gets each line's output independent of the lines before it.
+    _engine_options(serve, prefix_cache_mib=SERVE_PREFIX_CACHE_MIB)
     serve.add_argument("--max-queued", type=int, default=1024,
                        help="requests that may wait for a slot; one more is answered 429 (default 1024)")
     serve.add_argument("--api-key", default=None,
@@ -198,7 +206,7 @@ def _parse(argv: Optional[List[str]]) -> argparse.Namespace:
                      help="JSONL file of results; appended to: the custom_ids it answers are skipped, "
                           "its failed lines are tried again")
     run.add_argument("--model", help="GGUF file (default: the default model, fetched on first use)")
-    _engine_options(run)
+    _engine_options(run, prefix_cache_mib=None)
     run.add_argument("--limit", type=int, default=None, help="answer at most this many new lines, then stop")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
     sub.add_parser("version", help="print the version and backend", allow_abbrev=False)

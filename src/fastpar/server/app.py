@@ -38,7 +38,7 @@ from typing import Any, Callable, Dict, List, Optional, Union
 import fastpar
 from fastpar import Completion, Engine, Request
 
-from .protocol import N_CTX_PER_SEQ, RETRY_AFTER_S, APIError, Parsed, chunk_logprobs, failure, parse, prompt_failure
+from .protocol import N_CTX_PER_SEQ, RETRY_AFTER_S, SERVE_PREFIX_CACHE_MIB, APIError, Parsed, chunk_logprobs, failure, parse, prompt_failure
 from .protocol import prompt_tokens, response_body, usage
 
 __all__ = ["create_app", "serve"]
@@ -551,15 +551,17 @@ _SEND_GRACE_S = 5.0
 def serve(model: Optional[str] = None, *, host: str = "127.0.0.1", port: int = 8000, n_parallel: int = 8,
           n_ctx_per_seq: int = N_CTX_PER_SEQ, n_gpu_layers: int = 0, n_threads: Optional[int] = None,
           max_queued: int = 1024, type_k: Optional[str] = None, type_v: Optional[str] = None,
-          prefix_cache_mib: Optional[int] = None, prefix_cache_dir: Optional[str] = None, api_key: Optional[str] = None, model_name: Optional[str] = None,
+          prefix_cache_mib: Optional[int] = SERVE_PREFIX_CACHE_MIB, prefix_cache_dir: Optional[str] = None,
+          api_key: Optional[str] = None, model_name: Optional[str] = None,
           shutdown_timeout: float = 5.0, log_level: str = "info") -> int:
     """Run the server until SIGTERM or Ctrl-C, then stop accepting, give the requests in
     flight up to ``shutdown_timeout`` seconds, cancel the rest (answered 503, or a stream's
     error event) and close the engine; returns 0, or 1 if the model failed to load.
     ``model``: a GGUF path (default: the default model, fetched on first use). The model
     loads once the port is open; ``/health`` answers 503 until it has. ``type_k`` and
-    ``type_v`` are the KV cache's types, ``prefix_cache_mib`` the prefix cache's host memory and
-    ``prefix_cache_dir`` its folder across restarts (``fastpar.Context``; None: its default). A missing model
+    ``type_v`` are the KV cache's types (``fastpar.Context``; None: its default),
+    ``prefix_cache_mib`` the prefix cache's host memory (default -1: on, unlike the library's
+    ``Context``; 0: off) and ``prefix_cache_dir`` its folder across restarts. A missing model
     file, a port out of range or a negative ``shutdown_timeout`` raise ``ValueError`` (or
     ``FileNotFoundError``) before anything starts."""
     import signal

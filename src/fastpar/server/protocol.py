@@ -21,6 +21,10 @@ RETRY_AFTER_S = 1
 #: default (the KV cache, ``n_parallel x n_ctx_per_seq`` positions, is allocated up front:
 #: a library user sizes it for their prompts).
 N_CTX_PER_SEQ = 4096
+#: ``prefix_cache_mib`` of ``fastpar serve`` (``Context``'s -1: a quarter of the available
+#: memory, at most 8 GiB): on, as llama-server's prompt cache is, for a chat's turns arrive
+#: as separate requests. The library and ``fastpar run`` keep it off (docs/server.md).
+SERVE_PREFIX_CACHE_MIB = -1
 #: The roles a chat message may have ("developer" is OpenAI's newer name for "system").
 ROLES = ("system", "developer", "user", "assistant")
 
