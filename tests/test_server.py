@@ -8,6 +8,7 @@ import contextlib
 import json
 import os
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -467,6 +468,9 @@ def test_many_streams_with_clients_leaving(model, tmp_path):
             assert rss2 < rss1 * 1.05, (rss1, rss2)
         m = httpx.get(base + "/metrics").text
         assert 'outcome="client_disconnect"' in m
+        # `fastpar serve` keeps its prefix cache by default: the repeated chat prompts used it.
+        hits = re.search(r"^fastpar_prefix_cache_hits_total (\S+)$", m, re.M)
+        assert hits is not None and float(hits.group(1)) > 0, m
 
         # SIGTERM after that load, with a request in flight: it gets --shutdown-timeout to
         # finish, then is cancelled; the process exits 0 (what the client gets:
