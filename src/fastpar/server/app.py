@@ -38,8 +38,8 @@ from typing import Any, Callable, Dict, List, Optional, Union
 import fastpar
 from fastpar import Completion, Engine, Request
 
-from .protocol import N_CTX_PER_SEQ, RETRY_AFTER_S, SERVE_PREFIX_CACHE_MIB, APIError, Parsed, chunk_logprobs, failure, parse, prompt_failure
-from .protocol import prompt_tokens, response_body, usage
+from .protocol import N_CTX_PER_SEQ, RETRY_AFTER_S, APIError, Parsed, chunk_logprobs, failure, parse, prompt_failure
+from .protocol import SERVE_PREFIX_CACHE_MIB, prompt_tokens, response_body, usage
 
 __all__ = ["create_app", "serve"]
 
