@@ -111,7 +111,9 @@ test_that("the default model in fastpar's cache is found without Python", {
 
 test_that("R looks for the default model where Python's fastpar keeps it", {
   py <- python()
-  real <- test_model()  # skips without a model
+  cached <- fastpar:::.default_model_in_cache()
+  # (tests/test_r_package.py allows no skip: where the suite runs, the model is cached.)
+  if (!file.exists(cached)) skip(paste("the default model is not in fastpar's cache:", cached))
   out <- system2(py, c("-c", shQuote("import fastpar; print(fastpar.default_model_path())")), stdout = TRUE)
-  expect_equal(normalizePath(fastpar:::.default_model_in_cache()), normalizePath(out[length(out)]))
+  expect_equal(normalizePath(cached), normalizePath(out[length(out)]))
 })
