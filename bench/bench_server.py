@@ -284,30 +284,37 @@ def paired(runs: list, base: list) -> float:
 
 # ----------------------------------------------------------------------------- workloads
 
-def workloads(names: list, default_model, speed: fastpar.Model, gpu: bool) -> list:
-    """(name, model path, users = slots, requests, n_ctx_per_seq)."""
+def workloads(names: list, default_model, speed: fastpar.Model, gpu: bool, reps: int) -> list:
+    """(name, model path, users = slots, requests of each repetition, n_ctx_per_seq). Each
+    repetition has prompts of its own (same shapes, other words): a server keeps its prefix
+    cache across repetitions, and one-shot loads must not find their prompts in it."""
     out = []
     if gpu:
         for users in (64, 256):
-            prompts = bench_run.make_prompts(speed, users * 4, 32, 0)
-            out.append((f"G-np{users}", speed.path, users, [dict(prompt=p, gen=50) for p in prompts], 32 + 50 + 8))
+            runs = [[dict(prompt=p, gen=50) for p in bench_run.make_prompts(speed, users * 4, 32, 0, seed=r)]
+                    for r in range(reps)]
+            out.append((f"G-np{users}", speed.path, users, runs, 32 + 50 + 8))
         return out
     if "W1" in names:
-        prompts = bench_run.make_prompts(speed, 40, 32, 0)
-        out.append(("W1", speed.path, 8, [dict(prompt=p, gen=50) for p in prompts], 32 + 50 + 8))
+        runs = [[dict(prompt=p, gen=50) for p in bench_run.make_prompts(speed, 40, 32, 0, seed=r)] for r in range(reps)]
+        out.append(("W1", speed.path, 8, runs, 32 + 50 + 8))
     if "W4" in names:
-        prompts = bench_run.make_prompts(default_model, 400, 64, 0)
-        out.append(("W4", default_model.path, 8, [dict(prompt=p, gen=4) for p in prompts], 64 + 4 + 8))
+        runs = [[dict(prompt=p, gen=4) for p in bench_run.make_prompts(default_model, 400, 64, 0, seed=r)]
+                for r in range(reps)]
+        out.append(("W4", default_model.path, 8, runs, 64 + 4 + 8))
     if "chat" in names:
-        rng = random.Random(3)
-        reqs = []
-        for _ in range(64):
-            n_words = rng.choice([10, 20, 40, 80, 160, 300])
-            text = " ".join(rng.choice(bench_run.WORDS) for _ in range(n_words))
-            reqs.append(dict(messages=[{"role": "system", "content": "You are a helpful assistant."},
-                                       {"role": "user", "content": f"Summarise: {text}"}],
-                             gen=rng.choice([8, 16, 32, 64, 96])))
-        out.append(("chat", default_model.path, 8, reqs, 512 + 96 + 8))
+        runs = []
+        for r in range(reps):
+            rng = random.Random(3 + 1000 * r)
+            reqs = []
+            for _ in range(64):
+                n_words = rng.choice([10, 20, 40, 80, 160, 300])
+                text = " ".join(rng.choice(bench_run.WORDS) for _ in range(n_words))
+                reqs.append(dict(messages=[{"role": "system", "content": "You are a helpful assistant."},
+                                           {"role": "user", "content": f"Summarise: {text}"}],
+                                 gen=rng.choice([8, 16, 32, 64, 96])))
+            runs.append(reqs)
+        out.append(("chat", default_model.path, 8, runs, 512 + 96 + 8))
     return out
 
 
@@ -356,9 +363,11 @@ def main() -> int:
     load_before = os.getloadavg()
     rows = []
     notes: list = []
-    for name, path, users, reqs, n_ctx in workloads(args.workloads.split(","), default_model, speed, args.gpu):
+    for name, path, users, rep_reqs, n_ctx in workloads(args.workloads.split(","), default_model, speed, args.gpu,
+                                                        args.reps):
         procs = args.client_procs or max(1, min(users // 32, (os.cpu_count() or 1) // 4))
-        print(f"== {name}: {len(reqs)} requests, {users} users, {procs} client process(es)", flush=True)
+        n_reqs = len(rep_reqs[0])
+        print(f"== {name}: {n_reqs} requests, {users} users, {procs} client process(es)", flush=True)
         runs: dict = {}
         failed: dict = {}
         servers = {"fastpar serve": fastpar_server(path, users, n_ctx, args.threads),
@@ -371,6 +380,7 @@ def main() -> int:
             with fastpar.Engine(models[path], n_parallel=users, n_ctx_per_seq=n_ctx, n_threads=args.threads,
                                 prefix_cache_mib=SERVE_PREFIX_CACHE_MIB) as e:
                 for rep in range(args.reps):
+                    reqs = rep_reqs[rep]
                     order = list(servers) + ["Engine in-process"]
                     if rep % 2:
                         order.reverse()
@@ -419,7 +429,7 @@ def main() -> int:
         best_all = summary[best_llama]["all"]
         for who, s in summary.items():  # the ceiling runs apart from the servers: not paired
             s["paired"] = paired(s["all"], best_all) if who != RAW and len(s["all"]) == len(best_all) else None
-            rows.append((name, users, len(reqs), who, s, s["gen_s"] / summary[best_llama]["gen_s"],
+            rows.append((name, users, n_reqs, who, s, s["gen_s"] / summary[best_llama]["gen_s"],
                          paired(summary["fastpar serve"]["all"], summary["Engine in-process"]["all"])
                          if who == "fastpar serve" else None, who == best_llama))
     load_after = os.getloadavg()
