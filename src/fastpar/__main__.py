@@ -137,6 +137,7 @@ def _run(args: argparse.Namespace) -> int:
 def _engine_options(p: argparse.ArgumentParser, prefix_cache_mib: Optional[int]) -> None:
     """The model and context options of serve and run; ``prefix_cache_mib`` is the command's
     default for --prefix-cache-mib (None: the library's)."""
+    from fastpar._options import _CONTEXT_DEFAULTS
     from fastpar.server.protocol import N_CTX_PER_SEQ
 
     p.add_argument("--n-parallel", type=int, default=8, help="slots: requests generated together (default 8)")
@@ -156,7 +157,7 @@ def _engine_options(p: argparse.ArgumentParser, prefix_cache_mib: Optional[int])
                    help="host memory for the prefix cache, which keeps finished requests' KV so that a "
                         "later request with the same start (a chat's next turn) decodes only the rest; "
                         "-1 = a quarter of the available memory, at most 8192; 0 = off "
-                        f"(default {0 if prefix_cache_mib is None else prefix_cache_mib})")
+                        f"(default {_CONTEXT_DEFAULTS.prefix_cache_mib if prefix_cache_mib is None else prefix_cache_mib})")
     p.add_argument("--prefix-cache-dir", default=None, metavar="DIR",
                    help="keep the prefix cache in this folder across restarts (with --prefix-cache-mib); "
                         "files from another model, KV type or build are refused")
