@@ -288,20 +288,19 @@ def workloads(names: list, default_model, speed: fastpar.Model, gpu: bool, reps:
     """(name, model path, users = slots, requests of each repetition, n_ctx_per_seq). Each
     repetition has prompts of its own (same shapes, other words): a server keeps its prefix
     cache across repetitions, and one-shot loads must not find their prompts in it."""
+    def per_rep(model: fastpar.Model, n: int, n_tokens: int, gen: int) -> list:
+        return [[dict(prompt=p, gen=gen) for p in bench_run.make_prompts(model, n, n_tokens, 0, seed=r)]
+                for r in range(reps)]
+
     out = []
     if gpu:
         for users in (64, 256):
-            runs = [[dict(prompt=p, gen=50) for p in bench_run.make_prompts(speed, users * 4, 32, 0, seed=r)]
-                    for r in range(reps)]
-            out.append((f"G-np{users}", speed.path, users, runs, 32 + 50 + 8))
+            out.append((f"G-np{users}", speed.path, users, per_rep(speed, users * 4, 32, 50), 32 + 50 + 8))
         return out
     if "W1" in names:
-        runs = [[dict(prompt=p, gen=50) for p in bench_run.make_prompts(speed, 40, 32, 0, seed=r)] for r in range(reps)]
-        out.append(("W1", speed.path, 8, runs, 32 + 50 + 8))
+        out.append(("W1", speed.path, 8, per_rep(speed, 40, 32, 50), 32 + 50 + 8))
     if "W4" in names:
-        runs = [[dict(prompt=p, gen=4) for p in bench_run.make_prompts(default_model, 400, 64, 0, seed=r)]
-                for r in range(reps)]
-        out.append(("W4", default_model.path, 8, runs, 64 + 4 + 8))
+        out.append(("W4", default_model.path, 8, per_rep(default_model, 400, 64, 4), 64 + 4 + 8))
     if "chat" in names:
         runs = []
         for r in range(reps):
