@@ -97,12 +97,8 @@ test_that("the default model in fastpar's cache is found without Python", {
   folder <- tempfile("fastpar-cache-")
   dir.create(file.path(folder, "models"), recursive = TRUE)
   on.exit(unlink(folder, recursive = TRUE), add = TRUE)
-  old <- Sys.getenv(c("FASTPAR_CACHE", "FASTPAR_PYTHON"), unset = NA)
-  on.exit(for (k in names(old)) {
-    if (is.na(old[[k]])) Sys.unsetenv(k) else do.call(Sys.setenv, as.list(old[k]))
-  }, add = TRUE)
   # No interpreter that could answer: the file must be found by R alone, or refused clearly.
-  Sys.setenv(FASTPAR_CACHE = folder, FASTPAR_PYTHON = file.path(folder, "no-python"))
+  withr::local_envvar(FASTPAR_CACHE = folder, FASTPAR_PYTHON = file.path(folder, "no-python"))
   expect_error(fastpar_default_model_path(), "failed in .*no-python")
   file <- file.path(folder, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
   writeLines("a stand-in", file)
