@@ -57,6 +57,22 @@ def test_isolation_with_unified_kv(model, solo):
     assert_clean(ctx)
 
 
+def test_unified_kv_under_a_mixed_load(model):
+    """One KV buffer for all slots, outputs of different lengths and refills: the load that
+    once aborted the process on a GPU (256 slots there; fewer on the CPU, where it is slow).
+    Every prompt runs to its own budget and the cache ends clean."""
+    n_slots = 256 if ON_GPU else 12
+    prompts = [f"{MORE_PROMPTS[i % len(MORE_PROMPTS)]} ({i})" for i in range(3 * n_slots)]
+    budgets = [4 + (7 * i) % 29 for i in range(len(prompts))]
+    ctx = fastpar.Context(model, n_parallel=n_slots, n_ctx_per_seq=128, kv_unified=True)
+    params = [fastpar.SamplingParams(max_tokens=m, temperature=0.0, ignore_eos=True) for m in budgets]
+    results = fastpar.generate_parallel(ctx, prompts, params)
+    assert [c.error for c in results if c.error] == []
+    assert [c.n_gen_tokens for c in results] == budgets
+    assert ctx.last_stats.n_prompts == len(prompts)
+    assert_clean(ctx)
+
+
 def test_long_prompt_fed_in_chunks_matches_unchunked(model):
     # n_batch=8 forces a 150-token prompt through 19+ decode calls (the scheduler
     # chunks it; llama.cpp would abort on a batch larger than n_batch).
