@@ -10,6 +10,7 @@ import subprocess
 import pytest
 
 import fastpar
+from conftest import ON_GPU
 
 HERE = pathlib.Path(__file__).parent
 
@@ -76,7 +77,11 @@ def test_c_generate_per_prompt_params_samples_and_chat(tmp_path_factory, model):
         line = next(ln for ln in lines if ln.startswith(f"capi-gen: result {k} "))
         assert [int(t) for t in line.split(" tokens")[1].split("|")[0].split()] == c.token_ids, k
     n_shared = [int(x) for x in next(ln for ln in lines if ln.startswith("capi-gen: shared")).split()[2:]]
-    assert n_shared == [c.n_prompt_tokens_shared for c in flat[3:]] and min(n_shared) > 0
+    # Five requests on four slots: on a GPU, whose steps end requests in another order, a
+    # sample can get its slot only after its siblings finished and has nothing to copy; C
+    # and Python agree exactly either way.
+    assert n_shared == [c.n_prompt_tokens_shared for c in flat[3:]]
+    assert (max(n_shared) if ON_GPU else min(n_shared)) > 0
     assert any(ln.startswith("capi-gen: interrupted after 4 polls") for ln in lines)
 
 
