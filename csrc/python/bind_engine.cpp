@@ -84,6 +84,16 @@ void register_engine(py::module_ & m) {
                  py::gil_scoped_release nogil;
                  return e.submit(std::move(p), params, timeout_arg(timeout));
              }, py::arg("prompt"), py::arg("params"), py::arg("timeout") = 0.0)
+        .def("submit_embedding", [](Engine & e, const PromptIn & prompt, bool normalize, std::optional<double> timeout) {
+                 Prompt p = to_prompt(prompt);
+                 EmbedParams params;
+                 params.normalize = normalize;
+                 py::gil_scoped_release nogil;
+                 return e.submit_embedding(std::move(p), params, timeout_arg(timeout));
+             }, py::arg("prompt"), py::arg("normalize"), py::arg("timeout") = 0.0)
+        .def_property_readonly("embeddings", [](const Engine & e) { return e.context().params().embeddings; })
+        .def_property_readonly("pooling", [](const Engine & e) { return e.context().pooling(); })
+        .def_property_readonly("embedding_size", [](const Engine & e) { return e.context().embedding_size(); })
         .def("close", &Engine::close, py::call_guard<py::gil_scoped_release>())
         .def_property_readonly("closed", [](const Engine & e) {
                  py::gil_scoped_release nogil;

@@ -1,4 +1,6 @@
+#include <algorithm>
 #include <chrono>
+#include <limits>
 #include <cmath>
 #include <optional>
 #include <string>
@@ -6,6 +8,7 @@
 #include <variant>
 #include <vector>
 
+#include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 #include <pybind11/typing.h>
 
@@ -27,19 +30,23 @@ constexpr auto kSignalPollInterval = std::chrono::milliseconds(50);
 // on_completion(index, completion); its type names its arguments in the signature.
 using OnCompletion = py::typing::Callable<void(int64_t, const Completion &)>;
 
-std::vector<Completion> generate(Context & ctx, const std::vector<PromptIn> & prompts_in,
-                                 const std::vector<GenerateParams> & params,
-                                 const std::optional<OnCompletion> & on_completion) {
+std::vector<Prompt> to_prompts(const std::vector<PromptIn> & prompts_in) {
     std::vector<Prompt> prompts;
     prompts.reserve(prompts_in.size());
     for (const auto & in : prompts_in) {
         prompts.push_back(to_prompt(in));
     }
-    // The call ends with the first Python error: a Ctrl-C (or another signal handler's
-    // exception) seen between steps, or an exception from the callback. That error is
-    // fetched at once and re-raised when the call returns; from then on the callback is
-    // not called again: the prompts the call cancels on its way out are not results, and
-    // calling Python while an error is pending would lose it.
+    return prompts;
+}
+
+// Runs `call(interrupt, callback)` (a Context call) without the GIL. The call ends with the
+// first Python error: a Ctrl-C (or another signal handler's exception) seen between steps,
+// or an exception from the callback. That error is fetched at once and re-raised when the
+// call returns; from then on the callback is not called again: the prompts the call
+// cancels on its way out are not results, and calling Python while an error is pending
+// would lose it.
+template <typename Call>
+std::vector<Completion> run_call(const std::optional<OnCompletion> & on_completion, Call && call) {
     std::optional<py::error_already_set> error;
     std::function<void(size_t, const Completion &)> callback;
     if (on_completion) {
@@ -57,7 +64,7 @@ std::vector<Completion> generate(Context & ctx, const std::vector<PromptIn> & pr
         };
     }
     auto next_poll = std::chrono::steady_clock::now() + kSignalPollInterval;
-    auto interrupt = [&]() {
+    std::function<bool()> interrupt = [&]() {
         const auto now = std::chrono::steady_clock::now();
         if (now < next_poll) {
             return false;
@@ -71,13 +78,51 @@ std::vector<Completion> generate(Context & ctx, const std::vector<PromptIn> & pr
     };
     try {
         py::gil_scoped_release nogil;
-        return ctx.generate(prompts, params, interrupt, callback);
+        return call(interrupt, callback);
     } catch (const Interrupted &) {
         if (error) {
             throw *error;
         }
         throw;
     }
+}
+
+std::vector<Completion> generate(Context & ctx, const std::vector<PromptIn> & prompts_in,
+                                 const std::vector<GenerateParams> & params,
+                                 const std::optional<OnCompletion> & on_completion) {
+    const std::vector<Prompt> prompts = to_prompts(prompts_in);
+    return run_call(on_completion, [&](const auto & interrupt, const auto & callback) {
+        return ctx.generate(prompts, params, interrupt, callback);
+    });
+}
+
+// Every text's vector as one float32 array of rows (NaN rows where a text failed), and
+// each row's error (None where it did not): building the array here saves a Python list
+// per row.
+std::tuple<py::array_t<float>, std::vector<std::optional<std::string>>> embed(
+    Context & ctx, const std::vector<PromptIn> & prompts_in, bool normalize,
+    const std::optional<OnCompletion> & on_completion) {
+    const std::vector<Prompt> prompts = to_prompts(prompts_in);
+    EmbedParams params;
+    params.normalize = normalize;
+    const std::vector<Completion> results = run_call(on_completion, [&](const auto & interrupt, const auto & callback) {
+        return ctx.embed(prompts, params, interrupt, callback);
+    });
+    const auto n_embd = static_cast<size_t>(ctx.embedding_size());
+    py::array_t<float> rows({results.size(), n_embd});
+    std::vector<std::optional<std::string>> errors(results.size());
+    float * out = rows.mutable_data();
+    for (size_t i = 0; i < results.size(); ++i) {
+        const Completion & c = results[i];
+        float * row = out + i * n_embd;
+        if (c.finish_reason == FinishReason::Error || c.embedding.size() != n_embd) {
+            std::fill(row, row + n_embd, std::numeric_limits<float>::quiet_NaN());
+            errors[i] = c.error.empty() ? std::string("no vector was made for this text") : c.error;
+        } else {
+            std::copy(c.embedding.begin(), c.embedding.end(), row);
+        }
+    }
+    return {std::move(rows), std::move(errors)};
 }
 
 // Per position, the k most likely tokens as (token_id, text, logprob) tuples. Returned as
@@ -164,12 +209,13 @@ void register_generate(py::module_ & m) {
         .def_readonly("n_gen_tokens", &Completion::n_gen_tokens)
         .def_readonly("t_queued_ms", &Completion::t_queued_ms)
         .def_readonly("t_first_token_ms", &Completion::t_first_token_ms)
-        .def_readonly("t_total_ms", &Completion::t_total_ms);
+        .def_readonly("t_total_ms", &Completion::t_total_ms)
+        .def_readonly("embedding", &Completion::embedding);
     def_record(completion, "Completion",
                {"finish_reason", "error", "n_prompt_tokens", "n_prompt_tokens_shared", "n_gen_tokens", "t_total_ms",
                 "text"},
                {"text", "token_ids", "logprobs", "top_logprobs", "prompt_token_ids", "prompt_logprobs", "prompt_greedy", "prompt_top_logprobs", "finish_reason", "error", "n_prompt_tokens", "n_prompt_tokens_shared",
-                "n_prompt_tokens_cached", "n_gen_tokens", "t_queued_ms", "t_first_token_ms", "t_total_ms"});
+                "n_prompt_tokens_cached", "n_gen_tokens", "t_queued_ms", "t_first_token_ms", "t_total_ms", "embedding"});
 
     auto stats = py::class_<Stats>(m, "Stats", "Statistics of one generate call.")
         .def_readonly("n_prompts", &Stats::n_prompts)
@@ -231,6 +277,9 @@ void register_generate(py::module_ & m) {
              "Run every prompt (str, or list of ChatMessage) to completion with params (one GenerateParams\n"
              "for all, or one per prompt); results in input order, a prompt's n samples in turn.\n"
              "on_completion(index, completion) is called as each finishes, with its index in the results.")
+        .def("embed", &embed, py::arg("prompts"), py::arg("normalize"), py::arg("on_completion") = py::none(),
+             "Embed every text (an embeddings context): a float32 array of one row per text, in input\n"
+             "order (NaN where a text failed), and each row's error or None.")
         .def_property_readonly("last_stats", &Context::last_stats)
         .def("seq_pos_max", &Context::seq_pos_max, "llama_memory_seq_pos_max of every slot (-1 = empty).",
              py::call_guard<py::gil_scoped_release>())
@@ -248,7 +297,9 @@ void register_generate(py::module_ & m) {
         .def_property_readonly("share_prefixes", [](const Context & c) { return c.params().share_prefixes; })
         .def_property_readonly("type_k", [](const Context & c) { return c.params().type_k; })
         .def_property_readonly("type_v", [](const Context & c) { return c.params().type_v; })
-        .def_property_readonly("warmed_up", &Context::warmed_up);
+        .def_property_readonly("warmed_up", &Context::warmed_up)
+        .def_property_readonly("embeddings", [](const Context & c) { return c.params().embeddings; })
+        .def_property_readonly("pooling", &Context::pooling);
 }
 
 }  // namespace fastpar::python

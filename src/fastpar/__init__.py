@@ -12,6 +12,7 @@ from . import _openmp
 _openmp.choose()  # before the native modules load OpenMP (_openmp.py says why)
 
 from ._context import Context, generate_parallel  # noqa: E402
+from ._embed import Embeddings, embed
 from ._model import Model
 from ._options import SamplingParams
 from ._core import (MAX_TOP_LOGPROBS, Completion, EngineClosed, EngineStats, FastparError, ModelLoadError, QueueFull,
@@ -25,6 +26,7 @@ from ._version import __version__
 __all__ = [
     "Completion",
     "Context",
+    "Embeddings",
     "Engine",
     "EngineClosed",
     "EngineStats",
@@ -42,6 +44,7 @@ __all__ = [
     "__version__",
     "backend",
     "default_model_path",
+    "embed",
     "generate_parallel",
     "loglikelihood",
     "loglikelihood_rolling",

@@ -61,6 +61,13 @@ class Context:
     read back, within the budget, by a context of the same model file, KV types and fastpar
     and llama.cpp builds; a file made by anything else is refused, never loaded
     (``prefix_cache_stats().n_refused``).
+    ``embeddings``: ``True`` makes a context for ``fastpar.embed`` instead of generation (it
+    generates nothing; a generation context embeds nothing). Each text is decoded whole in
+    one batch, so a text may have up to ``n_batch`` tokens (and ``n_ctx_per_seq``, and the
+    model's training context); with one KV buffer for all slots. ``pooling``: how a text's
+    token vectors become one, ``"mean"``, ``"cls"`` (the first token's) or ``"last"``;
+    ``None`` (default) takes the model's own (its GGUF's pooling type), or ``"mean"`` when
+    the model names none (a model made for generation).
     """
 
     @_keywords_checked
@@ -71,11 +78,13 @@ class Context:
                  share_prefixes: bool = _CONTEXT_DEFAULTS.share_prefixes,
                  warmup: Optional[bool] = None, type_k: str = _CONTEXT_DEFAULTS.type_k,
                  type_v: str = _CONTEXT_DEFAULTS.type_v, prefix_cache_mib: int = _CONTEXT_DEFAULTS.prefix_cache_mib,
-                 prefix_cache_dir: Optional[Union[str, "os.PathLike[str]"]] = None) -> None:
+                 prefix_cache_dir: Optional[Union[str, "os.PathLike[str]"]] = None,
+                 embeddings: bool = _CONTEXT_DEFAULTS.embeddings, pooling: Optional[str] = None) -> None:
         if not isinstance(model, Model):
             raise TypeError(f"model must be a fastpar.Model, got {type(model).__name__}")
         params = _context_params(n_parallel, n_ctx_per_seq, n_batch, n_threads, kv_unified, device_sampling,
-                                 share_prefixes, warmup, type_k, type_v, prefix_cache_mib, prefix_cache_dir)
+                                 share_prefixes, warmup, type_k, type_v, prefix_cache_mib, prefix_cache_dir,
+                                 embeddings, pooling)
         self.model = model
         self._ctx = _core.Context(model._model, params)
 
@@ -111,6 +120,17 @@ class Context:
     @property
     def type_v(self) -> str:
         return self._ctx.type_v
+
+    @property
+    def embeddings(self) -> bool:
+        """Whether this context was made for ``fastpar.embed`` (``embeddings`` above)."""
+        return self._ctx.embeddings
+
+    @property
+    def pooling(self) -> Optional[str]:
+        """An embeddings context's pooling as used: ``"mean"``, ``"cls"`` or ``"last"``
+        (``None`` for generation)."""
+        return self._ctx.pooling or None
 
     @property
     def warmed_up(self) -> bool:

@@ -3,6 +3,8 @@ fastpar's native core: many prompts through one llama.cpp model in one batch.
 """
 from __future__ import annotations
 import collections.abc
+import numpy
+import numpy.typing
 import typing
 __all__: list[str] = ['ChatMessage', 'Completion', 'Context', 'ContextParams', 'Engine', 'EngineClosed', 'EngineStats', 'FastparError', 'GenerateParams', 'MAX_TOP_LOGPROBS', 'Model', 'ModelLoadError', 'ModelParams', 'PrefixCacheStats', 'QueueFull', 'RequestHandle', 'Stats', 'backend', 'version']
 class FastparError(RuntimeError):
@@ -86,7 +88,9 @@ class ContextParams:
     """
     Options of a context; defaults are fastpar's.
     """
+    embeddings: bool
     kv_unified: bool
+    pooling: str
     prefix_cache_dir: str
     share_prefixes: bool
     type_k: str
@@ -248,6 +252,9 @@ class Completion:
         """
         Every field as a dict of plain values (json.dumps takes it as it is).
         """
+    @property
+    def embedding(self) -> list[float]:
+        ...
     @property
     def error(self) -> str | None:
         ...
@@ -438,6 +445,11 @@ class Context:
         ...
     def clear_prefix_cache(self) -> None:
         ...
+    def embed(self, prompts: collections.abc.Sequence[str | collections.abc.Sequence[ChatMessage] | collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex]], normalize: bool, on_completion: collections.abc.Callable[[int, Completion], None] | None = None) -> tuple[numpy.typing.NDArray[numpy.float32], list[str | None]]:
+        """
+        Embed every text (an embeddings context): a float32 array of one row per text, in input
+        order (NaN where a text failed), and each row's error or None.
+        """
     def generate(self, prompts: collections.abc.Sequence[str | collections.abc.Sequence[ChatMessage] | collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex]], params: collections.abc.Sequence[GenerateParams], on_completion: collections.abc.Callable[[int, Completion], None] | None = None) -> list[Completion]:
         """
         Run every prompt (str, or list of ChatMessage) to completion with params (one GenerateParams
@@ -456,6 +468,9 @@ class Context:
     def device_sampling(self) -> bool:
         ...
     @property
+    def embeddings(self) -> bool:
+        ...
+    @property
     def kv_unified(self) -> bool:
         ...
     @property
@@ -472,6 +487,9 @@ class Context:
         ...
     @property
     def n_threads(self) -> int:
+        ...
+    @property
+    def pooling(self) -> str:
         ...
     @property
     def prefix_cache_dir(self) -> str:
@@ -590,14 +608,25 @@ class Engine:
         ...
     def submit(self, prompt: str | collections.abc.Sequence[ChatMessage] | collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], params: GenerateParams, timeout: typing.SupportsFloat | typing.SupportsIndex | None = 0.0) -> RequestHandle:
         ...
+    def submit_embedding(self, prompt: str | collections.abc.Sequence[ChatMessage] | collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], normalize: bool, timeout: typing.SupportsFloat | typing.SupportsIndex | None = 0.0) -> RequestHandle:
+        ...
     @property
     def closed(self) -> bool:
+        ...
+    @property
+    def embedding_size(self) -> int:
+        ...
+    @property
+    def embeddings(self) -> bool:
         ...
     @property
     def n_ctx_per_seq(self) -> int:
         ...
     @property
     def n_parallel(self) -> int:
+        ...
+    @property
+    def pooling(self) -> str:
         ...
 def backend() -> str:
     """

@@ -13,7 +13,7 @@ from typing import AsyncIterator, Callable, Iterator, List, Optional, Tuple, Uni
 
 from . import _core
 from ._model import Model
-from ._options import (_CONTEXT_DEFAULTS, SamplingParams, _context_params, _keywords_checked, _params_list,
+from ._options import (_CONTEXT_DEFAULTS, SamplingParams, _bool, _context_params, _keywords_checked, _params_list,
                        _with_options)
 from ._prompts import Prompt, _prompt
 
@@ -148,6 +148,18 @@ class Request:
         return f"fastpar.Request(id={self.id}, n={self.n}, done={self.done()})"
 
 
+def _block_args(block: object, timeout: object) -> Optional[float]:
+    """Checks submit's ``block`` and ``timeout``; returns the seconds to wait (None: for ever)."""
+    if not isinstance(block, bool):
+        raise TypeError(f"block must be a bool, got {type(block).__name__}")
+    if timeout is not None:
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+            raise TypeError(f"timeout must be a number of seconds or None, got {type(timeout).__name__}")
+        if not timeout >= 0:
+            raise ValueError(f"timeout must be >= 0 seconds or None, got {timeout}")
+    return None if timeout is None else float(timeout)
+
+
 class Engine:
     """A thread-safe generation service over one model: ``submit`` from any thread.
 
@@ -173,11 +185,13 @@ class Engine:
                  warmup: Optional[bool] = None, type_k: str = _CONTEXT_DEFAULTS.type_k,
                  type_v: str = _CONTEXT_DEFAULTS.type_v, prefix_cache_mib: int = _CONTEXT_DEFAULTS.prefix_cache_mib,
                  prefix_cache_dir: Optional[Union[str, "os.PathLike[str]"]] = None,
+                 embeddings: bool = _CONTEXT_DEFAULTS.embeddings, pooling: Optional[str] = None,
                  max_queued: int = DEFAULT_MAX_QUEUED) -> None:
         if not isinstance(model, Model):
             raise TypeError(f"model must be a fastpar.Model, got {type(model).__name__}")
         params = _context_params(n_parallel, n_ctx_per_seq, n_batch, n_threads, kv_unified, device_sampling,
-                                 share_prefixes, warmup, type_k, type_v, prefix_cache_mib, prefix_cache_dir)
+                                 share_prefixes, warmup, type_k, type_v, prefix_cache_mib, prefix_cache_dir,
+                                 embeddings, pooling)
         self.model = model
         self._engine = _core.Engine(model._model, params, _max_queued(max_queued))
 
@@ -197,18 +211,58 @@ class Engine:
         ``block=True`` it first waits up to ``timeout`` seconds (None: for ever) for room
         (``timeout`` counts only with ``block=True``, as in ``queue.Queue.put``). Raises
         ``fastpar.EngineClosed`` after ``close()`` or after the worker failed."""
-        if not isinstance(block, bool):
-            raise TypeError(f"block must be a bool, got {type(block).__name__}")
-        if timeout is not None:
-            if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-                raise TypeError(f"timeout must be a number of seconds or None, got {type(timeout).__name__}")
-            if not timeout >= 0:
-                raise ValueError(f"timeout must be >= 0 seconds or None, got {timeout}")
+        wait = _block_args(block, timeout)
         prompt, core_params = _prompt(prompt, "prompt"), _request_params("Engine.submit", params, options)
         if not block:
             return Request(self._engine.submit(prompt, core_params, 0.0))
-        return Request(_interruptible(lambda s: self._engine.submit(prompt, core_params, s),
-                                      None if timeout is None else float(timeout), lambda: None))
+        return Request(_interruptible(lambda s: self._engine.submit(prompt, core_params, s), wait, lambda: None))
+
+    @_keywords_checked
+    def submit_embedding(self, text: Prompt, *, normalize: bool = True, block: bool = False,
+                         timeout: Optional[float] = None) -> Request:
+        """Queue one text (an engine made with ``embeddings=True``); returns at once. Texts
+        submitted from any thread share the engine's steps. ``request.result().embedding``
+        is its vector (a list of floats; ``finish_reason == "error"`` and ``error`` when the
+        text cannot be embedded, as ``fastpar.embed`` says). ``block`` and ``timeout`` as for
+        ``submit``; ``normalize`` as for ``fastpar.embed``."""
+        wait = _block_args(block, timeout)
+        normalize = _bool("normalize", normalize)
+        text = _prompt(text, "text")
+        if not block:
+            return Request(self._engine.submit_embedding(text, normalize, 0.0))
+        return Request(_interruptible(lambda s: self._engine.submit_embedding(text, normalize, s), wait,
+                                      lambda: None))
+
+    async def aembed(self, text: Prompt, *, normalize: bool = True) -> List[float]:
+        """Await one text's vector without blocking the event loop (an embeddings engine).
+        Raises ``ValueError`` with the reason when the text cannot be embedded."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future = loop.create_future()
+        request = self.submit_embedding(text, normalize=normalize)
+
+        def on_update() -> None:  # on the engine's thread
+            if request.done():
+                loop.call_soon_threadsafe(_resolve, future, request)
+
+        request.on_update(on_update)
+        try:
+            done = await future
+        finally:
+            if not request.done():
+                request.cancel()
+        if done.finish_reason == "error":
+            raise ValueError(done.error)
+        return done.embedding
+
+    @property
+    def embeddings(self) -> bool:
+        """Whether this engine was made for embeddings (``embeddings=True``)."""
+        return self._engine.embeddings
+
+    @property
+    def pooling(self) -> Optional[str]:
+        """An embeddings engine's pooling as used (``None`` for generation)."""
+        return self._engine.pooling or None
 
     @_keywords_checked
     @_with_options

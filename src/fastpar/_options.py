@@ -74,7 +74,8 @@ def _context_params(n_parallel: object, n_ctx_per_seq: object, n_batch: object, 
                     warmup: object = None, type_k: object = _CONTEXT_DEFAULTS.type_k,
                     type_v: object = _CONTEXT_DEFAULTS.type_v,
                     prefix_cache_mib: object = _CONTEXT_DEFAULTS.prefix_cache_mib,
-                    prefix_cache_dir: object = None) -> _core.ContextParams:
+                    prefix_cache_dir: object = None, embeddings: object = _CONTEXT_DEFAULTS.embeddings,
+                    pooling: object = None) -> _core.ContextParams:
     params = _core.ContextParams()
     _set(params, "n_parallel", _int("n_parallel", n_parallel))
     _set(params, "n_ctx_per_seq", _int("n_ctx_per_seq", n_ctx_per_seq))
@@ -98,6 +99,11 @@ def _context_params(n_parallel: object, n_ctx_per_seq: object, n_batch: object, 
             raise TypeError(f"prefix_cache_dir must be a folder's path (str or os.PathLike), "
                             f"got {type(prefix_cache_dir).__name__}")
         params.prefix_cache_dir = os.fspath(prefix_cache_dir)
+    params.embeddings = _bool("embeddings", embeddings)
+    if pooling is not None:
+        if not isinstance(pooling, str):
+            raise TypeError(f"pooling must be a str such as 'mean', got {type(pooling).__name__}")
+        params.pooling = pooling
     params.validate()  # ranges, from the core: ValueError naming the option
     return params
 

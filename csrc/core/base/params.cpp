@@ -75,6 +75,28 @@ void validate(const ContextParams & p) {
     if (!p.prefix_cache_dir.empty() && p.prefix_cache_mib == 0) {
         bad("prefix_cache_dir needs the prefix cache on (prefix_cache_mib -1 or a budget in MiB), got 0 (off)");
     }
+    if (!p.pooling.empty()) {
+        bool known = false;
+        std::string names;
+        for (const char * name : kPoolings) {
+            known = known || p.pooling == name;
+            names += std::string(names.empty() ? "" : ", ") + "\"" + name + "\"";
+        }
+        if (!known) {
+            bad("pooling must be one of " + names + " or empty (the model's own), got \"" + p.pooling + "\"");
+        }
+        if (!p.embeddings) {
+            bad("pooling applies to an embeddings context: set embeddings too");
+        }
+    }
+    if (p.embeddings && (p.type_v == "q8_0" || p.type_v == "q4_0")) {
+        bad("an embeddings context runs without flash attention (so that a text's vector does not depend on its "
+            "batch-mates), and a quantized V cache needs it: keep type_v f16, bf16 or f32");
+    }
+    if (p.embeddings && (p.prefix_cache_mib > 0 || !p.prefix_cache_dir.empty())) {
+        bad("an embeddings context keeps no prefix cache (nothing is left after a text): leave prefix_cache_mib "
+            "and prefix_cache_dir unset");
+    }
 }
 
 void validate(const GenerateParams & p) {

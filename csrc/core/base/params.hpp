@@ -72,6 +72,26 @@ struct ContextParams {
     // back when a context is made with the same model file, KV types, fastpar and llama.cpp
     // builds; a file made by anything else is refused, never loaded. Needs the cache on.
     std::string prefix_cache_dir;
+    // What the context is made for: false = generation; true = embeddings (Context::embed).
+    // An embeddings context decodes every text whole in one physical batch (n_ubatch =
+    // n_batch, one KV buffer: a text split over two batches would be pooled over part of it)
+    // and pools its token vectors into one; it generates nothing, and a generation context
+    // embeds nothing. The prefix cache does not apply (nothing is kept after a text).
+    bool embeddings = false;
+    // With embeddings: how a text's token vectors become one, one of kPoolings: "mean",
+    // "cls" (the first token's), "last" (the last token's); "" = the model's own (its GGUF's
+    // pooling type), "mean" when the model names none (a decoder made for generation).
+    std::string pooling;
+};
+
+// The names ContextParams::pooling accepts besides "".
+inline constexpr const char * kPoolings[] = {"mean", "cls", "last"};
+
+// Context::embed's options.
+struct EmbedParams {
+    // Scale each vector to unit Euclidean length (as llama-embedding's default); a vector of
+    // zeros stays zeros.
+    bool normalize = true;
 };
 
 // prefix_cache_mib = -1: a quarter of the memory available when the context is made, at

@@ -115,6 +115,18 @@ void Scheduler::admit() {
             tokenize_prompt(model_, request.prompt, t);
         }
         ++n_taken;
+        if (embeddings_) {
+            const std::string why = t.failed ? t.error : embedding_refusal(request.prompt, t.tokens.size());
+            if (!why.empty()) {
+                ++stats_.n_failed;
+                complete_unstarted(request, FinishReason::Error, why);
+                continue;
+            }
+            Slot & slot = pick_slot(t.tokens);
+            start_slot(slot, std::move(request), std::move(t.tokens));
+            slot.order = n_admitted_++;
+            continue;
+        }
         if (std::optional<Completion> c = refusal(t, params, n_ctx_seq_)) {
             if (c->finish_reason == FinishReason::Error) {
                 ++stats_.n_failed;

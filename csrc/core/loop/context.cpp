@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstdio>
 #include <string>
 #include <thread>
@@ -137,6 +138,32 @@ std::string prefix_cache_identity(const Model & model, const ContextParams & par
            params.type_v;
 }
 
+// The pooling an embeddings context asks llama.cpp for: the one named, else the model's own
+// (its GGUF's "<arch>.pooling_type"), else mean (ContextParams::pooling).
+enum llama_pooling_type embedding_pooling(const Model & model, const std::string & name) {
+    if (name == "mean") {
+        return LLAMA_POOLING_TYPE_MEAN;
+    }
+    if (name == "cls") {
+        return LLAMA_POOLING_TYPE_CLS;
+    }
+    if (name == "last") {
+        return LLAMA_POOLING_TYPE_LAST;
+    }
+    char arch[128] = {0};
+    if (llama_model_meta_val_str(model.get(), "general.architecture", arch, sizeof arch) > 0) {
+        char value[32] = {0};
+        const std::string key = std::string(arch) + ".pooling_type";
+        if (llama_model_meta_val_str(model.get(), key.c_str(), value, sizeof value) > 0) {
+            const int t = std::atoi(value);
+            if (t == LLAMA_POOLING_TYPE_MEAN || t == LLAMA_POOLING_TYPE_CLS || t == LLAMA_POOLING_TYPE_LAST) {
+                return static_cast<enum llama_pooling_type>(t);
+            }
+        }
+    }
+    return LLAMA_POOLING_TYPE_MEAN;
+}
+
 // llama.cpp's physical batch (n_ubatch) for a model: params.hpp says why.
 int32_t max_ubatch(const Model & model) { return model.on_gpu() ? kGpuBatch : kCpuBatch; }
 
@@ -180,6 +207,24 @@ Context::Context(std::shared_ptr<const Model> model, const ContextParams & param
     cp.n_threads = n_threads_;
     cp.n_threads_batch = n_threads_;
     cp.kv_unified = params_.kv_unified;
+    if (params_.embeddings) {
+        // A step is one physical batch with one KV buffer: llama.cpp pools a sequence over
+        // the tokens one physical batch holds of it, and with a buffer per sequence it would
+        // cut texts of different lengths into several (ContextParams::embeddings).
+        if (llama_model_has_encoder(model_->get())) {
+            throw InvalidArgument("embeddings from encoder-decoder models (T5 kinds) are not supported");
+        }
+        cp.n_ubatch = cp.n_batch;
+        cp.kv_unified = true;
+        params_.kv_unified = true;
+        cp.embeddings = true;
+        // Without flash attention a text's vector does not depend on its batch-mates (cosine
+        // >= 0.99998 against the text alone, default model, CPU); with it, llama.cpp's CPU
+        // kernel is chosen by the rows a batch holds and rounds apart (0.99983).
+        cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
+        cp.pooling_type = embedding_pooling(*model_, params_.pooling);
+        pooling_ = cp.pooling_type == LLAMA_POOLING_TYPE_CLS ? "cls" : cp.pooling_type == LLAMA_POOLING_TYPE_LAST ? "last" : "mean";
+    }
     // flash_attn_type stays llama.cpp's auto, which it turns on for a quantized V cache.
     cp.type_k = kv_cache_type(params_.type_k);
     cp.type_v = kv_cache_type(params_.type_v);
@@ -216,7 +261,7 @@ Context::Context(std::shared_ptr<const Model> model, const ContextParams & param
     // Host sampling of many sequences at once uses the decode threads' cores, idle then.
     pool_ = std::make_unique<TaskPool>(std::max(0, n_threads_ - 1), policy_.pool);
     // Trimming a cached sequence to a prompt's prefix needs a cache indexed by position.
-    if (params_.prefix_cache_mib != 0 && memory_copies_by_position(model_->get())) {
+    if (params_.prefix_cache_mib != 0 && !params_.embeddings && memory_copies_by_position(model_->get())) {
         cache_ = std::make_unique<PrefixCache>(static_cast<size_t>(params_.n_parallel),
                                                prefix_cache_budget(params_.prefix_cache_mib),
                                                static_cast<size_t>(kMinSharedPrefix));
@@ -233,7 +278,8 @@ Context::Context(std::shared_ptr<const Model> model, const ContextParams & param
     governor_ = std::make_unique<ThreadGovernor>(n_threads_, params_.n_threads == 0);
     llama_set_abort_callback(
         ctx_, [](void * data) { return static_cast<std::atomic<bool> *>(data)->load(); }, &abort_);
-    if (params_.warmup == 1 || (params_.warmup == -1 && model_->on_gpu())) {
+    // An embeddings context's decodes output every token, which the warm-up's do not.
+    if (!params_.embeddings && (params_.warmup == 1 || (params_.warmup == -1 && model_->on_gpu()))) {
         try {
             warm_up();
         } catch (...) {
@@ -287,6 +333,9 @@ void Context::warm_up() {
 }
 
 bool Context::device_sampling() const {
+    if (params_.embeddings) {
+        return false;  // an embeddings context samples nothing
+    }
     const bool wanted = params_.device_sampling == 1 ||
                         (params_.device_sampling == -1 && model_->output_on_gpu() &&
                          params_.n_parallel >= kAutoDeviceSamplingSlots);
@@ -333,6 +382,7 @@ void Context::with_scheduler(Stats & stats, const StepPolicy & policy, const std
     }
     options.grammars = grammars_.get();
     options.cache = cache_.get();
+    options.embeddings = params_.embeddings;
     Scheduler scheduler(*model_, ctx_, batch_, options, stats);
     try {
         body(scheduler);
@@ -355,6 +405,10 @@ std::vector<Completion> Context::generate(const std::vector<Prompt> & prompts,
                                           const std::vector<GenerateParams> & params,
                                           const std::function<bool()> & interrupt,
                                           const std::function<void(size_t, const Completion &)> & on_completion) {
+    if (params_.embeddings) {
+        throw InvalidArgument("this context was made for embeddings (embeddings=True): make one without it to "
+                              "generate");
+    }
     if (params.size() != 1 && params.size() != prompts.size()) {
         throw InvalidArgument("params must hold one entry for every prompt (" + std::to_string(prompts.size()) +
                               ") or one for all, got " + std::to_string(params.size()));
@@ -413,6 +467,58 @@ std::vector<Completion> Context::generate(const std::vector<Prompt> & prompts,
     finish_stats();
     return results;
 }
+
+std::vector<Completion> Context::embed(const std::vector<Prompt> & prompts, const EmbedParams & params,
+                                       const std::function<bool()> & interrupt,
+                                       const std::function<void(size_t, const Completion &)> & on_completion) {
+    if (!params_.embeddings) {
+        throw InvalidArgument("this context was made for generation: make one with embeddings=True to embed");
+    }
+    for (const auto & p : prompts) {
+        check_prompt(*model_, p);
+    }
+    const auto t0 = Clock::now();
+    Stats stats;
+    stats.n_prompts = static_cast<int64_t>(prompts.size());
+    std::vector<Completion> results(prompts.size());
+    const auto shared = std::make_shared<const GenerateParams>();
+    auto finish_stats = [&] {
+        stats.t_wall_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+        std::lock_guard<std::mutex> lock(stats_mutex_);
+        last_stats_ = stats;
+    };
+    try {
+        with_scheduler(stats, policy_, [&](Scheduler & scheduler) {
+            for (size_t i = 0; i < prompts.size(); ++i) {
+                Request request;
+                request.prompt = prompts[i];
+                request.params = shared;
+                request.embed = params;
+                request.t_submit = t0;
+                request.on_done = [&results, &on_completion, i](Completion && c) {
+                    results[i] = std::move(c);
+                    if (on_completion) {
+                        on_completion(i, results[i]);
+                    }
+                };
+                scheduler.enqueue(std::move(request));
+            }
+            while (!scheduler.idle()) {
+                if (interrupt && interrupt()) {
+                    throw Interrupted();
+                }
+                scheduler.step();
+            }
+        });
+    } catch (...) {
+        finish_stats();
+        throw;
+    }
+    finish_stats();
+    return results;
+}
+
+int32_t Context::embedding_size() const { return llama_model_n_embd_out(model_->get()); }
 
 Stats Context::last_stats() const {
     std::lock_guard<std::mutex> lock(stats_mutex_);

@@ -48,6 +48,15 @@ public:
                                      const std::function<bool()> & interrupt = {},
                                      const std::function<void(size_t, const Completion &)> & on_completion = {});
 
+    // Embeds every text (an embeddings context only: ContextParams::embeddings): each result's
+    // `embedding` holds its pooled vector, results in input order. A text that cannot be
+    // embedded (empty, longer than one batch, a decode that fails) ends with
+    // FinishReason::Error alone; the others are unaffected. `interrupt` and `on_completion`
+    // as for generate.
+    std::vector<Completion> embed(const std::vector<Prompt> & prompts, const EmbedParams & params,
+                                  const std::function<bool()> & interrupt = {},
+                                  const std::function<void(size_t, const Completion &)> & on_completion = {});
+
     // Gives `body` a Scheduler over this context, with exclusive use of it until `body`
     // returns (the Engine's worker holds it for its whole life). Whatever the scheduler
     // still holds afterwards, even after an exception, is cancelled and its KV removed.
@@ -88,6 +97,11 @@ public:
     // Whether creation ran the warm-up decodes (ContextParams::warmup; auto: any layer on a GPU).
     bool warmed_up() const { return warmed_up_; }
     const std::shared_ptr<const Model> & model() const { return model_; }
+    // An embeddings context's pooling as used ("mean", "cls" or "last": the one asked for,
+    // else the model's, else mean); "" for a generation context.
+    const std::string & pooling() const { return pooling_; }
+    // The length of an embedding vector (llama_model_n_embd_out).
+    int32_t embedding_size() const;
 
 private:
     // fastpar._testing's probes (csrc/testing/probes.hpp) set the step policy and the grammar
@@ -121,6 +135,7 @@ private:
     // What finished requests left in the KV cache, across calls; null when off.
     std::unique_ptr<PrefixCache> cache_;
     bool warmed_up_ = false;
+    std::string pooling_;
 };
 
 }  // namespace fastpar

@@ -155,6 +155,10 @@ bool Engine::has_room(int32_t n) const {
 }
 
 std::shared_ptr<RequestHandle> Engine::submit(Prompt prompt, const GenerateParams & params, double timeout_s) {
+    if (ctx_->params().embeddings) {
+        throw InvalidArgument("this engine was made for embeddings (embeddings=True): submit texts with "
+                              "submit_embedding, or make one without it to generate");
+    }
     const AdmittedParams admitted = admit_params(params);
     check_prompt(*ctx_->model(), prompt);
     const int32_t n = params.n;
@@ -164,6 +168,27 @@ std::shared_ptr<RequestHandle> Engine::submit(Prompt prompt, const GenerateParam
         throw InvalidArgument("n=" + std::to_string(n) + " samples, but the engine holds at most " +
                               std::to_string(capacity) + " requests (n_parallel + max_queued)");
     }
+    // The request's id is its samples' group: unique among the requests the scheduler holds.
+    return enqueue(n, timeout_s, [&](uint64_t id) { return fan_out(std::move(prompt), admitted, id, Clock::now()); });
+}
+
+std::shared_ptr<RequestHandle> Engine::submit_embedding(Prompt prompt, const EmbedParams & params, double timeout_s) {
+    if (!ctx_->params().embeddings) {
+        throw InvalidArgument("this engine was made for generation: make one with embeddings=True to embed");
+    }
+    check_prompt(*ctx_->model(), prompt);
+    return enqueue(1, timeout_s, [&](uint64_t) {
+        std::vector<Request> one(1);
+        one[0].prompt = std::move(prompt);
+        one[0].params = std::make_shared<const GenerateParams>();
+        one[0].embed = params;
+        one[0].t_submit = Clock::now();
+        return one;
+    });
+}
+
+std::shared_ptr<RequestHandle> Engine::enqueue(int32_t n, double timeout_s,
+                                               const std::function<std::vector<Request>(uint64_t)> & make) {
     std::unique_lock<std::mutex> lock(mutex_);
     if (timeout_s != 0) {
         wait_for(room_, lock, timeout_s, [this, n] { return closing_ || has_room(n); });
@@ -183,13 +208,15 @@ std::shared_ptr<RequestHandle> Engine::submit(Prompt prompt, const GenerateParam
     }
     const uint64_t id = next_id_++;
     auto handle = std::make_shared<RequestHandle>(id, n);
-    // The request's id is its samples' group: unique among the requests the scheduler holds.
-    std::vector<Request> samples = fan_out(std::move(prompt), admitted, id, Clock::now());
+    std::vector<Request> samples = make(id);
+    const bool streams = !ctx_->params().embeddings;
     for (size_t j = 0; j < samples.size(); ++j) {
         Request & request = samples[j];
         const auto sample = static_cast<int32_t>(j);
         request.cancel = handle->cancel_;
-        request.on_text = [handle, sample](const std::string & piece) { handle->push_piece(sample, piece); };
+        if (streams) {
+            request.on_text = [handle, sample](const std::string & piece) { handle->push_piece(sample, piece); };
+        }
         // Counted exactly, on the worker, as the sample moves: waiting -> in a slot -> done.
         auto started = std::make_shared<bool>(false);
         request.on_start = [this, started] {

@@ -127,6 +127,10 @@ public:
     // When there is no room for all n, waits up to timeout_s seconds for it (< 0: for ever;
     // 0: not at all) before QueueFull.
     std::shared_ptr<RequestHandle> submit(Prompt prompt, const GenerateParams & params, double timeout_s = 0);
+    // The same for an embeddings engine (ContextParams::embeddings): one text, whose
+    // Completion::embedding holds its vector; texts from any thread share steps. submit()
+    // on such an engine, or this on a generating one, throws InvalidArgument.
+    std::shared_ptr<RequestHandle> submit_embedding(Prompt prompt, const EmbedParams & params, double timeout_s = 0);
     // Runs `task` on the worker between steps. A task that throws stops the engine as a
     // failing step does: every request it holds ends with "error" and the exception's
     // message, and later submits throw EngineClosed naming it.
@@ -147,6 +151,9 @@ private:
     void loop(Scheduler & scheduler);
     void fail(const std::string & what);
     bool has_room(int32_t n) const;  // room for n more requests; under mutex_
+    // Queues the n requests make(id) returns under one handle (submit, submit_embedding).
+    std::shared_ptr<RequestHandle> enqueue(int32_t n, double timeout_s,
+                                           const std::function<std::vector<Request>(uint64_t)> & make);
     void account(Completion & c, bool started, bool cancelled);
 
     std::unique_ptr<Context> ctx_;

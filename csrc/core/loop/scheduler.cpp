@@ -9,7 +9,6 @@
 #include "core/loop/slot.hpp"
 
 namespace fastpar {
-namespace {
 
 std::string decode_error_message(int32_t rc) {
     switch (rc) {
@@ -23,8 +22,6 @@ std::string decode_error_message(int32_t rc) {
             return "llama_decode failed with code " + std::to_string(rc);
     }
 }
-
-}  // namespace
 
 Scheduler::Scheduler(const Model & model, llama_context * ctx, llama_batch & batch, const SchedulerOptions & options,
                      Stats & stats)
@@ -43,6 +40,7 @@ Scheduler::Scheduler(const Model & model, llama_context * ctx, llama_batch & bat
         slots_.push_back(std::make_unique<Slot>());
         slots_.back()->seq = i;
     }
+    embeddings_ = options.embeddings;
     plan_inputs_.resize(n_parallel);
     plan_.slots.reserve(n_parallel);
     if (policy_.share_prefixes || policy_.share_samples) {
@@ -191,6 +189,10 @@ bool Scheduler::retire_scored() {
 // Which slots add which tokens is plan_step's (step_plan.hpp); this builds its input from
 // the slots and decodes what it planned.
 void Scheduler::step() {
+    if (embeddings_) {
+        step_embeddings();
+        return;
+    }
     reap_cancelled();
     admit();
     share_prefixes();

@@ -38,6 +38,8 @@ struct Request {
     // Samples of one prompt (GenerateParams::n > 1) carry the same nonzero group: they
     // copy the prompt's KV cache from one another (StepPolicy::share_samples). 0 = none.
     uint64_t group = 0;
+    // An embeddings context's request (Context::embed): its options; generation ignores them.
+    EmbedParams embed;
     std::function<void(Completion &&)> on_done;  // called once, on the scheduler's thread
     std::function<void()> on_start;              // optional: called when it gets a slot
     // Optional: called with each new piece of text (valid UTF-8, never the start of a
@@ -79,9 +81,15 @@ struct SchedulerOptions {
     // What finished requests left in the KV cache, across calls (kept by the context); null:
     // every slot's sequence is removed when its request ends.
     PrefixCache * cache = nullptr;
+    // An embeddings context (ContextParams::embeddings): every request is a text to embed,
+    // decoded whole in one step (step_embeddings); n_batch is then one physical batch.
+    bool embeddings = false;
 };
 
 struct Slot;  // slot.hpp
+
+// What a failed llama_decode's return code means, for the request that ends with it.
+std::string decode_error_message(int32_t rc);
 
 class Scheduler {
 public:
@@ -116,6 +124,12 @@ private:
     void share_prefixes();
     void emit_text(Slot & slot);
     void decode_group(std::vector<Slot *> group);
+    // An embeddings context's step (embed_step.cpp): whole texts, oldest first, as many as
+    // one batch holds; each pooled vector read back and the text finished.
+    void step_embeddings();
+    void decode_embeddings(std::vector<Slot *> group);
+    // Why an embeddings context cannot take this text of n_tokens tokens, or "" when it can.
+    std::string embedding_refusal(const Prompt & prompt, size_t n_tokens) const;
     bool retire_scored();
     void sample(const std::vector<Slot *> & slots);
     void accept_token(Slot & slot, llama_token token, float logprob, std::vector<std::pair<llama_token, float>> & top);
@@ -143,6 +157,8 @@ private:
     std::deque<Request> queue_;
     size_t prefill_rotation_ = 0;  // which slot's prompt goes first, for fairness
     int32_t decode_waits_ = 0;     // steps in a row the decoding slots have waited
+    bool embeddings_ = false;      // SchedulerOptions::embeddings
+    uint64_t n_admitted_ = 0;      // requests admitted so far: each slot's Slot::order
 };
 
 }  // namespace fastpar

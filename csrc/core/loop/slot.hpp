@@ -53,6 +53,7 @@ struct Slot {
     TextStream text;           // its text, streamed or not
     Completion completion;
     PromptScoring scoring;     // with GenerateParams::prompt_logprobs
+    uint64_t order = 0;        // admitted as the order-th request: an embeddings step goes oldest first
     // Set while building a batch:
     int32_t n_plan = 0;        // tokens this slot adds to the batch
     int32_t i_logits = -1;     // batch index whose logits this slot samples, or -1

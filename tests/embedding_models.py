@@ -1,0 +1,78 @@
+"""Small encoder models for the embedding tests, made at test time with the ``gguf`` package.
+
+A BERT-kind model (llama.cpp's ``bert`` architecture, the bge/e5/MiniLM kind) with random
+weights and the real vocabulary of llama.cpp's vendored ``ggml-vocab-bert-bge.gguf``
+(30,522 WordPiece tokens, its special-token ids and token types). Its shape is small
+(a few layers of width 64) so that tests stay fast; `bench/` makes bge-small's shape with
+the same function. No weights are committed: the same seed gives the same file.
+"""
+
+from __future__ import annotations
+
+import pathlib
+
+import numpy as np
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+BERT_VOCAB = ROOT / "vendor" / "llama.cpp" / "models" / "ggml-vocab-bert-bge.gguf"
+
+# gguf's pooling type numbers (llama.h's llama_pooling_type).
+POOLING = {"mean": 1, "cls": 2, "last": 3}
+
+
+def make_bert(path: pathlib.Path, *, n_layer: int = 2, n_embd: int = 64, n_head: int = 4, n_ff: int = 128,
+              n_ctx_train: int = 512, pooling: str = "cls", seed: int = 0) -> pathlib.Path:
+    """Writes a BERT-kind embedding model to `path` (F32 weights) and returns it."""
+    import gguf
+
+    vocab = gguf.GGUFReader(str(BERT_VOCAB))
+    tokens = vocab.fields["tokenizer.ggml.tokens"].contents()
+    n_vocab = len(tokens)
+    writer = gguf.GGUFWriter(str(path), "bert")
+    writer.add_name(f"fastpar test BERT {n_layer}x{n_embd} (random weights)")
+    writer.add_context_length(n_ctx_train)
+    writer.add_embedding_length(n_embd)
+    writer.add_block_count(n_layer)
+    writer.add_feed_forward_length(n_ff)
+    writer.add_head_count(n_head)
+    writer.add_layer_norm_eps(1e-12)
+    writer.add_causal_attention(False)
+    writer.add_pooling_type(gguf.PoolingType(POOLING[pooling]))
+    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    writer.add_token_type_count(2)
+    writer.add_tokenizer_model(vocab.fields["tokenizer.ggml.model"].contents())
+    writer.add_tokenizer_pre(vocab.fields["tokenizer.ggml.pre"].contents())
+    writer.add_token_list(tokens)
+    writer.add_token_types(vocab.fields["tokenizer.ggml.token_type"].contents())
+    for key in ("unknown_token_id", "seperator_token_id", "padding_token_id", "cls_token_id", "mask_token_id"):
+        writer.add_uint32("tokenizer.ggml." + key, int(vocab.fields["tokenizer.ggml." + key].contents()))
+
+    rng = np.random.default_rng(seed)
+
+    def w(*shape: int, scale: float = 0.08) -> np.ndarray:
+        # numpy's (rows, columns) = ggml's {columns, rows}: a weight {n_in, n_out} is (n_out, n_in).
+        return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+    def norm(name: str) -> None:
+        writer.add_tensor(name + ".weight", (1.0 + w(n_embd, scale=0.02)).astype(np.float32))
+        writer.add_tensor(name + ".bias", w(n_embd, scale=0.02))
+
+    writer.add_tensor("token_embd.weight", w(n_vocab, n_embd, scale=0.5))
+    writer.add_tensor("token_types.weight", w(2, n_embd, scale=0.5))
+    writer.add_tensor("position_embd.weight", w(n_ctx_train, n_embd, scale=0.5))
+    norm("token_embd_norm")
+    for i in range(n_layer):
+        for part in ("attn_q", "attn_k", "attn_v", "attn_output"):
+            writer.add_tensor(f"blk.{i}.{part}.weight", w(n_embd, n_embd))
+            writer.add_tensor(f"blk.{i}.{part}.bias", w(n_embd, scale=0.02))
+        norm(f"blk.{i}.attn_output_norm")
+        writer.add_tensor(f"blk.{i}.ffn_up.weight", w(n_ff, n_embd))
+        writer.add_tensor(f"blk.{i}.ffn_up.bias", w(n_ff, scale=0.02))
+        writer.add_tensor(f"blk.{i}.ffn_down.weight", w(n_embd, n_ff))
+        writer.add_tensor(f"blk.{i}.ffn_down.bias", w(n_embd, scale=0.02))
+        norm(f"blk.{i}.layer_output_norm")
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path

@@ -1,0 +1,170 @@
+"""fastpar.embed: one pooled vector per text, held against llama.cpp's own llama-embedding,
+for a decoder (the default model) and an encoder (a BERT-kind model made at test time)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import numpy as np
+import pytest
+
+import fastpar
+from conftest import MORE_PROMPTS, N_GPU_LAYERS, assert_empty
+from embedding_models import make_bert
+from llama_tools import llama_tool
+
+# Cosine similarity every row must reach against its reference (issue bar; float rounding
+# of a batch shape moves a 576-wide vector by ~1e-7 in cosine, a real bug by far more).
+COS = 0.9999
+
+TEXTS = [
+    "The capital of France is Paris.",
+    "Dogs are loyal animals and good friends.",
+    "A quick brown fox jumps over the lazy dog near the river bank in the early morning.",
+    "import numpy as np",
+    "Rain is caused by water vapour condensing into droplets heavy enough to fall.",
+]
+
+
+def cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    a = np.asarray(a, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64)
+    return np.sum(a * b, axis=-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1))
+
+
+def llama_embedding(model_path: str, texts, pooling: str, n_threads: int) -> np.ndarray:
+    """llama.cpp's llama-embedding on the same texts (one per line), normalized as fastpar's
+    default, and with flash attention off as fastpar runs an embeddings context (docs/api.md
+    says why: with it on, llama.cpp's CPU kernel rounds by batch shape)."""
+    out = subprocess.run([llama_tool("llama-embedding"), "-m", model_path, "-p", "\n".join(texts),
+                          "--pooling", pooling, "--embd-normalize", "2", "--embd-output-format", "json", "-fa", "off",
+                          "-c", "2048", "-b", "2048", "-ub", "2048", "-t", str(n_threads), "-ngl", str(N_GPU_LAYERS)],
+                         capture_output=True, text=True, check=True)
+    doc = json.loads(out.stdout[out.stdout.index("{"):])
+    return np.array([d["embedding"] for d in sorted(doc["data"], key=lambda d: d["index"])], dtype=np.float32)
+
+
+@pytest.fixture(scope="module")
+def bert_path(tmp_path_factory) -> str:
+    return str(make_bert(tmp_path_factory.mktemp("bert") / "bert-cls.gguf", pooling="cls"))
+
+
+@pytest.fixture(scope="module")
+def bert(bert_path) -> fastpar.Model:
+    return fastpar.Model(bert_path, n_gpu_layers=N_GPU_LAYERS)
+
+
+@pytest.mark.parametrize("pooling", ["mean", "last"])
+def test_decoder_rows_equal_llama_embedding(model, pooling):
+    ctx = fastpar.Context(model, n_parallel=4, embeddings=True, pooling=pooling)
+    ours = fastpar.embed(ctx, TEXTS)
+    theirs = llama_embedding(model.path, TEXTS, pooling, ctx.n_threads)
+    assert ours.shape == theirs.shape == (len(TEXTS), 576)  # the default model's width
+    assert ours.dtype == np.float32 and ours.errors == {}
+    assert cosine(ours, theirs).min() >= COS, cosine(ours, theirs)
+    assert np.allclose(np.linalg.norm(ours, axis=1), 1.0, atol=1e-5)
+    assert_empty(ctx)
+
+
+@pytest.mark.parametrize("pooling", [None, "mean"])
+def test_encoder_rows_equal_llama_embedding(bert, pooling):
+    ctx = fastpar.Context(bert, n_parallel=4, embeddings=True, pooling=pooling)
+    assert ctx.pooling == (pooling or "cls")  # None: the model's own (its GGUF says cls)
+    ours = fastpar.embed(ctx, TEXTS)
+    theirs = llama_embedding(bert.path, TEXTS, ctx.pooling, ctx.n_threads)
+    assert ours.errors == {} and ours.shape == theirs.shape == (len(TEXTS), 64)
+    assert cosine(ours, theirs).min() >= COS, cosine(ours, theirs)
+
+
+@pytest.mark.parametrize("which", ["decoder", "encoder"])
+def test_a_batch_of_many_equals_each_text_alone(model, bert, which):
+    m = model if which == "decoder" else bert
+    texts = [f"{p} ({i})" * (1 + i % 4) for i, p in enumerate(MORE_PROMPTS + MORE_PROMPTS)]
+    ctx = fastpar.Context(m, n_parallel=8, embeddings=True)
+    many = fastpar.embed(ctx, texts)
+    # Several steps, refilled: more texts than slots and than one batch holds at once.
+    assert ctx.last_stats.n_decode_calls > 1 and ctx.last_stats.n_prompts == len(texts)
+    alone = np.stack([fastpar.embed(ctx, [t])[0] for t in texts])
+    assert cosine(many, alone).min() >= COS
+    assert_empty(ctx)
+
+
+def test_a_bad_text_fails_alone(model):
+    ctx = fastpar.Context(model, n_parallel=8, n_batch=256, embeddings=True)
+    texts = [f"Sentence number {i} is about {MORE_PROMPTS[i % len(MORE_PROMPTS)]}" for i in range(100)]
+    bad = {7: "", 42: "word " * 400, 77: [1, 2, model.n_vocab + 5]}
+    mixed = [bad.get(i, t) for i, t in enumerate(texts)]
+    got = fastpar.embed(ctx, mixed)
+    assert set(got.errors) == set(bad)
+    assert "empty" in got.errors[7]
+    assert "256 (n_batch)" in got.errors[42]
+    assert "not a token id" in got.errors[77]
+    assert np.isnan(got[list(bad)]).all()
+    good = [i for i in range(100) if i not in bad]
+    assert np.isfinite(got[good]).all()
+    clean = fastpar.embed(ctx, [texts[i] for i in good])
+    assert cosine(got[good], clean).min() >= COS
+    assert_empty(ctx)
+
+
+def test_inputs_options_and_results(model):
+    ctx = fastpar.Context(model, n_parallel=2, embeddings=True)
+    text = TEXTS[0]
+    by_text = fastpar.embed(ctx, [text])
+    by_ids = fastpar.embed(ctx, [model.tokenize(text)])
+    assert cosine(by_text, by_ids)[0] >= COS
+    raw = fastpar.embed(ctx, [text], normalize=False)
+    assert abs(np.linalg.norm(raw[0]) - 1.0) > 1e-3  # really not normalized
+    assert cosine(raw, by_text)[0] >= COS
+    seen = []
+    rows = fastpar.embed(ctx, TEXTS, progress=True, on_completion=lambda i, c: seen.append((i, len(c.embedding))))
+    assert sorted(seen) == [(i, rows.shape[1]) for i in range(len(TEXTS))]
+    assert rows[1:3].errors == {} and isinstance(rows[1:3], fastpar.Embeddings)
+    assert fastpar.embed(ctx, []).shape == (0, rows.shape[1])
+
+
+def test_wrong_uses_raise_clear_errors(model):
+    emb = fastpar.Context(model, n_parallel=1, embeddings=True, pooling="mean")
+    gen = fastpar.Context(model, n_parallel=1)
+    with pytest.raises(ValueError, match="made for embeddings"):
+        fastpar.generate_parallel(emb, ["Hello"], max_tokens=2)
+    with pytest.raises(ValueError, match="made for generation"):
+        fastpar.embed(gen, ["Hello"])
+    with pytest.raises(ValueError, match="pools by 'mean'"):
+        fastpar.embed(emb, ["Hello"], pooling="last")
+    with pytest.raises(ValueError, match="pooling must be one of"):
+        fastpar.Context(model, embeddings=True, pooling="max")
+    with pytest.raises(ValueError, match="set embeddings too"):
+        fastpar.Context(model, pooling="mean")
+    with pytest.raises(ValueError, match="keeps no prefix cache"):
+        fastpar.Context(model, embeddings=True, prefix_cache_mib=64)
+    with pytest.raises(ValueError, match="quantized V cache"):
+        fastpar.Context(model, embeddings=True, type_v="q8_0")
+    with pytest.raises(TypeError, match="must be a sequence"):
+        fastpar.embed(emb, "one string, not a list")
+    assert gen.pooling is None and emb.pooling == "mean" and emb.embeddings and not gen.embeddings
+
+
+def test_engine_embeds_texts_from_many_threads(model):
+    """Texts submitted from several threads share the engine's steps; each vector equals the
+    one fastpar.embed makes, and a bad text fails alone."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    texts = [f"{p} ({i})" for i, p in enumerate(MORE_PROMPTS)] + [""]
+    want = fastpar.embed(fastpar.Context(model, n_parallel=4, embeddings=True), texts)
+    with fastpar.Engine(model, n_parallel=4, embeddings=True) as engine:
+        assert engine.embeddings and engine.pooling == "mean"
+        with ThreadPoolExecutor(4) as pool:
+            done = list(pool.map(lambda t: engine.submit_embedding(t, block=True).result(timeout=120), texts))
+        with pytest.raises(ValueError, match="made for embeddings"):
+            engine.submit("Hello", max_tokens=2)
+        stats = engine.stats()
+    assert [c.finish_reason for c in done] == ["stop"] * (len(texts) - 1) + ["error"]
+    assert done[-1].error == want.errors[len(texts) - 1]
+    got = np.array([c.embedding for c in done[:-1]], dtype=np.float32)
+    assert cosine(got, want[:-1]).min() >= COS
+    assert stats.n_completed == len(texts) - 1 and stats.n_failed == 1
+    with fastpar.Engine(model, n_parallel=1) as generating:
+        with pytest.raises(ValueError, match="made for generation"):
+            generating.submit_embedding("Hello")
