@@ -168,3 +168,49 @@ def test_engine_embeds_texts_from_many_threads(model):
     with fastpar.Engine(model, n_parallel=1) as generating:
         with pytest.raises(ValueError, match="made for generation"):
             generating.submit_embedding("Hello")
+
+
+def test_v1_embeddings_through_the_openai_client(model):
+    """OpenAI's schema through its own client (which asks for base64 and decodes it), plain
+    floats and token arrays, per-item errors, concurrent clients, and the refusals."""
+    import asyncio
+
+    import httpx
+    import openai
+
+    from fastpar.server import create_app
+    from test_server import running
+
+    texts = [f"{p} ({i})" for i, p in enumerate(MORE_PROMPTS)]
+    want = fastpar.embed(fastpar.Context(model, n_parallel=4, embeddings=True), texts)
+    with fastpar.Engine(model, n_parallel=4, embeddings=True) as engine, running(create_app(engine)) as url:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+        got = client.embeddings.create(model="m", input=texts)
+        assert [d.index for d in got.data] == list(range(len(texts)))
+        assert cosine(np.array([d.embedding for d in got.data]), want).min() >= COS
+        assert got.usage.prompt_tokens == sum(len(model.tokenize(t)) for t in texts)
+        floats = client.embeddings.create(model="m", input=texts[0], encoding_format="float")
+        assert cosine(np.array(floats.data[0].embedding), want[0]) >= COS
+        ids = client.embeddings.create(model="m", input=[model.tokenize(texts[1])], encoding_format="float")
+        assert cosine(np.array(ids.data[0].embedding), want[1]) >= COS
+
+        async def many():
+            async with openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0) as a:
+                return await asyncio.gather(*(a.embeddings.create(model="m", input=t) for t in texts * 2))
+
+        for r, w in zip(asyncio.run(many()), np.concatenate([want, want])):
+            assert cosine(np.array(r.data[0].embedding), w) >= COS
+
+        mixed = httpx.post(url + "/v1/embeddings", json={"input": [texts[0], ""]}).json()
+        assert mixed["data"][1]["embedding"] is None and "empty" in mixed["data"][1]["error"]["message"]
+        assert len(mixed["data"][0]["embedding"]) == want.shape[1]
+        for body, why in (({"input": [""]}, "input 0: text is empty"), ({"input": []}, "'input' must be"),
+                          ({"input": "x", "dimensions": 8}, "cannot be shortened"),
+                          ({"input": "x", "encoding_format": "hex"}, "'encoding_format'")):
+            r = httpx.post(url + "/v1/embeddings", json=body)
+            assert r.status_code == 400 and why in r.json()["error"]["message"], (body, r.text)
+        r = httpx.post(url + "/v1/completions", json={"prompt": "Hello", "max_tokens": 2})
+        assert r.status_code == 400 and "serves embeddings" in r.json()["error"]["message"]
+    with fastpar.Engine(model, n_parallel=1) as generating, running(create_app(generating)) as url:
+        r = httpx.post(url + "/v1/embeddings", json={"input": "Hello"})
+        assert r.status_code == 400 and "--embeddings" in r.json()["error"]["message"]

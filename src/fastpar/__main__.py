@@ -40,10 +40,11 @@ def _check_engine_options(args: argparse.Namespace) -> None:
 
 
 def _kv_types(args: argparse.Namespace) -> Dict[str, object]:
-    """--type-k, --type-v and --prefix-cache-mib as the library's keywords: those given (else
-    its defaults)."""
-    names = ("type_k", "type_v", "prefix_cache_mib", "prefix_cache_dir")
-    return {name: getattr(args, name) for name in names if getattr(args, name) is not None}
+    """The context options of the command line (--type-k, --type-v, --prefix-cache-mib,
+    --prefix-cache-dir; serve's --embeddings and --pooling) as the library's keywords: those
+    given (else its defaults)."""
+    names = ("type_k", "type_v", "prefix_cache_mib", "prefix_cache_dir", "embeddings", "pooling")
+    return {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -193,6 +194,11 @@ def _parse(argv: Optional[List[str]]) -> argparse.Namespace:
     # chat's turns come as separate requests (docs/server.md says what it changes); a batch
     # file, like the library, gets each line's output independent of the lines before it.
     _engine_options(serve, prefix_cache_mib=SERVE_PREFIX_CACHE_MIB)
+    serve.add_argument("--embeddings", action="store_true",
+                       help="serve POST /v1/embeddings instead of generation (an embeddings context)")
+    serve.add_argument("--pooling", default=None, choices=["mean", "cls", "last"],
+                       help="with --embeddings: how a text's token vectors become one (default: the model's "
+                            "own, else mean)")
     serve.add_argument("--max-queued", type=int, default=1024,
                        help="requests that may wait for a slot; one more is answered 429 (default 1024)")
     serve.add_argument("--api-key", default=None,

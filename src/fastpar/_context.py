@@ -64,7 +64,8 @@ class Context:
     ``embeddings``: ``True`` makes a context for ``fastpar.embed`` instead of generation (it
     generates nothing; a generation context embeds nothing). Each text is decoded whole in
     one batch, so a text may have up to ``n_batch`` tokens (and ``n_ctx_per_seq``, and the
-    model's training context); with one KV buffer for all slots. ``pooling``: how a text's
+    model's training context), whose default there is ``n_ctx_per_seq`` (or the training
+    context if less); with one KV buffer for all slots. ``pooling``: how a text's
     token vectors become one, ``"mean"``, ``"cls"`` (the first token's) or ``"last"``;
     ``None`` (default) takes the model's own (its GGUF's pooling type), or ``"mean"`` when
     the model names none (a model made for generation).

@@ -264,6 +264,11 @@ class Engine:
         """An embeddings engine's pooling as used (``None`` for generation)."""
         return self._engine.pooling or None
 
+    @property
+    def embedding_size(self) -> int:
+        """The length of the model's embedding vectors."""
+        return self._engine.embedding_size
+
     @_keywords_checked
     @_with_options
     def generate(self, prompt: Prompt, params: Optional[SamplingParams] = None,

@@ -30,7 +30,8 @@ struct ContextParams {
     int32_t n_parallel = 8;        // slots: prompts decoded together (seq_id 0..n_parallel-1), 1..256
     int32_t n_ctx_per_seq = 2048;  // positions ONE prompt plus its generation may use; KV = n_parallel x this
     // Most tokens in one llama_decode call, >= n_parallel; 0 = auto: the larger of n_parallel
-    // and kCpuBatch, or kGpuBatch when any layer runs on a GPU.
+    // and kCpuBatch, or kGpuBatch when any layer runs on a GPU; for an embeddings context, the
+    // larger of n_parallel and n_ctx_per_seq (or the model's training context if less).
     int32_t n_batch = 0;
     int32_t n_threads = 0;         // CPU threads; 0 = one per CPU this process may use (cpus.hpp)
     bool kv_unified = false;       // one KV buffer for all slots (helps shared prefixes, slower otherwise)

@@ -194,7 +194,12 @@ Context::Context(std::shared_ptr<const Model> model, const ContextParams & param
     }
     validate(params_);
     check_host_memory(*model_, params_, static_cast<int64_t>(params_.n_parallel) * params_.n_ctx_per_seq);
-    if (params_.n_batch == 0) {
+    if (params_.n_batch == 0 && params_.embeddings) {
+        // A text is embedded whole in one batch: by default any text a slot can hold fits.
+        const int32_t n_train = llama_model_n_ctx_train(model_->get());
+        params_.n_batch = std::max(params_.n_parallel,
+                                   n_train > 0 ? std::min(params_.n_ctx_per_seq, n_train) : params_.n_ctx_per_seq);
+    } else if (params_.n_batch == 0) {
         params_.n_batch = std::max(params_.n_parallel, max_ubatch(*model_));
     }
     n_threads_ = params_.n_threads > 0 ? params_.n_threads : available_cpus();

@@ -7,8 +7,9 @@ serves all connections, and a prompt's samples decode it once.
 The event loop never waits on generation: the engine's worker thread wakes it
 (``call_soon_threadsafe``) when a request has new text or has finished.
 
-Endpoints: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``,
-``GET /health``, ``GET /metrics`` (docs/server.md).
+Endpoints: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``POST /v1/embeddings``
+(an embeddings engine: ``fastpar serve --embeddings``), ``GET /v1/models``, ``GET /health``,
+``GET /metrics`` (docs/server.md).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from fastpar import Completion, Engine, Request
 
 from .protocol import N_CTX_PER_SEQ, RETRY_AFTER_S, APIError, Parsed, chunk_logprobs, failure, parse, prompt_failure
 from .protocol import SERVE_PREFIX_CACHE_MIB, prompt_tokens, response_body, usage
+from .embeddings import embeddings_endpoint
 
 __all__ = ["create_app", "serve"]
 
@@ -202,6 +204,13 @@ async def _wait_disconnect(receive: Callable) -> None:
             return
 
 
+async def _json_body(request: HTTPRequest) -> Any:
+    try:
+        return json.loads(await request.body())
+    except ValueError as e:
+        raise APIError(400, f"the request body is not valid JSON: {e}") from None
+
+
 def _shutting_down() -> APIError:
     return APIError(503, "the server is shutting down", "server_error", code="shutting_down",
                     headers={"Retry-After": str(RETRY_AFTER_S)})
@@ -342,11 +351,11 @@ def create_app(engine: Union[Engine, Callable[[], Engine]], *, model_name: Optio
                 if state.stopping:
                     raise _shutting_down()
                 engine = state.ready()
-                raw = await request.body()
-                try:
-                    body = json.loads(raw)
-                except ValueError as e:
-                    raise APIError(400, f"the request body is not valid JSON: {e}") from None
+                if engine.embeddings:
+                    raise APIError(400, "this server serves embeddings (fastpar serve --embeddings): POST "
+                                        "/v1/embeddings, or start one without --embeddings to generate",
+                                   code="embeddings_only")
+                body = await _json_body(request)
                 req = parse(body, chat, engine.n_ctx_per_seq)
                 if max_queued is not None:
                     s = engine.stats()
@@ -522,6 +531,7 @@ def create_app(engine: Union[Engine, Callable[[], Engine]], *, model_name: Optio
     routes = [
         Route("/v1/chat/completions", generation_endpoint(True), methods=["POST"]),
         Route("/v1/completions", generation_endpoint(False), methods=["POST"]),
+        Route("/v1/embeddings", embeddings_endpoint(state, _error, _shutting_down, _json_body), methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics_endpoint, methods=["GET"]),
@@ -552,6 +562,7 @@ def serve(model: Optional[str] = None, *, host: str = "127.0.0.1", port: int = 8
           n_ctx_per_seq: int = N_CTX_PER_SEQ, n_gpu_layers: int = 0, n_threads: Optional[int] = None,
           max_queued: int = 1024, type_k: Optional[str] = None, type_v: Optional[str] = None,
           prefix_cache_mib: Optional[int] = SERVE_PREFIX_CACHE_MIB, prefix_cache_dir: Optional[str] = None,
+          embeddings: bool = False, pooling: Optional[str] = None,
           api_key: Optional[str] = None, model_name: Optional[str] = None,
           shutdown_timeout: float = 5.0, log_level: str = "info") -> int:
     """Run the server until SIGTERM or Ctrl-C, then stop accepting, give the requests in
@@ -561,7 +572,9 @@ def serve(model: Optional[str] = None, *, host: str = "127.0.0.1", port: int = 8
     loads once the port is open; ``/health`` answers 503 until it has. ``type_k`` and
     ``type_v`` are the KV cache's types (``fastpar.Context``; None: its default),
     ``prefix_cache_mib`` the prefix cache's host memory (default -1: on, unlike the library's
-    ``Context``; 0: off) and ``prefix_cache_dir`` its folder across restarts. A missing model
+    ``Context``; 0: off) and ``prefix_cache_dir`` its folder across restarts. ``embeddings``
+    serves ``/v1/embeddings`` instead of generation, pooling by ``pooling`` (None: the model's
+    own, else mean). A missing model
     file, a port out of range or a negative ``shutdown_timeout`` raise ``ValueError`` (or
     ``FileNotFoundError``) before anything starts."""
     import signal
@@ -602,7 +615,7 @@ def serve(model: Optional[str] = None, *, host: str = "127.0.0.1", port: int = 8
                                           ("prefix_cache_mib", prefix_cache_mib),
                                           ("prefix_cache_dir", prefix_cache_dir)) if v is not None}
             return Engine(m, n_parallel=n_parallel, n_ctx_per_seq=n_ctx_per_seq, n_threads=n_threads,
-                          max_queued=max_queued, **kv_types)
+                          max_queued=max_queued, embeddings=embeddings, pooling=pooling, **kv_types)
         except BaseException:
             if server is not None:
                 server.should_exit = True
