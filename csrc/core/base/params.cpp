@@ -89,10 +89,6 @@ void validate(const ContextParams & p) {
             bad("pooling applies to an embeddings context: set embeddings too");
         }
     }
-    if (p.embeddings && (p.type_v == "q8_0" || p.type_v == "q4_0")) {
-        bad("an embeddings context runs without flash attention (so that a text's vector does not depend on its "
-            "batch-mates), and a quantized V cache needs it: keep type_v f16, bf16 or f32");
-    }
     if (p.embeddings && (p.prefix_cache_mib > 0 || !p.prefix_cache_dir.empty())) {
         bad("an embeddings context keeps no prefix cache (nothing is left after a text): leave prefix_cache_mib "
             "and prefix_cache_dir unset");
