@@ -109,3 +109,27 @@ def test_c_abi_survives_nulls_bad_sizes_freed_handles_and_malformed_files(model,
     assert run.stdout.splitlines()[-1] == "robust: ok"
     n_cases = int(run.stdout.splitlines()[-2].split()[1])
     assert n_cases >= 70
+
+
+def test_c_embed_equals_python_and_fails_bad_texts_alone(tmp_path_factory, model):
+    import numpy as np
+
+    binary = compile_c("capi_embed", tmp_path_factory.mktemp("capi"))
+    run = subprocess.run([str(binary), model.path], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    lines = run.stdout.splitlines()
+    assert lines[-1] == "capi-embed: ok"
+    errors = {int(ln.split()[2]): ln.split(" ", 3)[3] for ln in lines if ln.startswith("capi-embed: error ")}
+    assert set(errors) == {7, 42, 77}
+    assert "empty" in errors[7] and errors[42] == "text is not valid UTF-8" and "256 (n_batch)" in errors[77]
+    # The same texts from Python (the invalid one replaced: Python's strings are valid UTF-8),
+    # the same context: the same batches, so the same rows to printing precision.
+    texts = [f"Sentence number {i} is about the sea." for i in range(100)]
+    ctx = fastpar.Context(model, n_parallel=8, n_batch=256, embeddings=True, pooling="mean")
+    texts[7], texts[42], texts[77] = "", "", "wwww " * 800
+    rows = fastpar.embed(ctx, texts)
+    for ln in lines:
+        if ln.startswith("capi-embed: row "):
+            i, dim, *values = ln.split()[2:]
+            assert int(dim) == rows.shape[1]
+            assert np.allclose([float(v) for v in values], rows[int(i)][:3], atol=2e-6 if ON_GPU else 1e-7), ln

@@ -86,6 +86,11 @@ typedef struct fastpar_context_params {
        is freed, read back by a context of the same model file, KV types and builds; files
        made by anything else are refused. Needs prefix_cache_mib != 0. */
     const char * prefix_cache_dir;
+    /* true: a context for fastpar_embed instead of generation (each text decoded whole in one
+       batch; it generates nothing, and a generation context embeds nothing). */
+    bool embeddings;
+    /* With embeddings: "mean", "cls" or "last"; NULL = the model's own, else "mean". */
+    const char * pooling;
 } fastpar_context_params;
 
 typedef struct fastpar_generate_params {
@@ -138,6 +143,9 @@ typedef struct fastpar_completion {
     int32_t * top_logprob_ids;  /* n_gen_tokens x k token ids: position i's k most likely tokens,
                                    most likely first, at [i * k, i * k + k) */
     float * top_logprob_values; /* their log-probabilities, laid out the same way */
+    float * embedding;          /* fastpar_embed: the text's n_embedding floats; NULL otherwise and
+                                   when the text failed */
+    int32_t n_embedding;
 } fastpar_completion;
 
 typedef struct fastpar_stats {
@@ -211,6 +219,14 @@ FASTPAR_API fastpar_status fastpar_generate_parallel(fastpar_context * ctx, cons
 FASTPAR_API fastpar_status fastpar_generate(fastpar_context * ctx, const fastpar_prompt * prompts, int32_t n_prompts,
                                             const fastpar_generate_params * params, int32_t n_params,
                                             fastpar_completion ** results_out, int32_t * n_results_out);
+/* Embeds n_texts NUL-terminated texts with a context made with embeddings = true, in one
+ * unified batch, and stores n_texts results in input order in *results_out (free them with
+ * fastpar_results_free): each holds its pooled vector in embedding (normalize: scaled to unit
+ * length) and its n_prompt_tokens. A text that cannot be embedded (empty, not valid UTF-8,
+ * longer than one batch) gets FASTPAR_FINISH_ERROR, a message and no vector, while the others
+ * are computed; the call still returns FASTPAR_OK. With n_texts == 0, *results_out is NULL. */
+FASTPAR_API fastpar_status fastpar_embed(fastpar_context * ctx, const char * const * texts, int32_t n_texts,
+                                         bool normalize, fastpar_completion ** results_out);
 /* n_results must be the count the call returned; a wrong one frees the whole array anyway
  * and sets fastpar_last_error(). */
 FASTPAR_API void fastpar_results_free(fastpar_completion * results, int32_t n_results);

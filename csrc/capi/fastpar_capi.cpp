@@ -111,6 +111,7 @@ void free_results(fastpar_completion * results, int32_t n_results) {
         std::free(results[i].logprobs);
         std::free(results[i].top_logprob_ids);
         std::free(results[i].top_logprob_values);
+        std::free(results[i].embedding);
     }
     std::free(results);
 }
@@ -306,6 +307,10 @@ fastpar_completion * to_c(const std::vector<fastpar::Completion> & out) {
                 r.top_logprob_ids = copy_array(ids.data(), ids.size());
                 r.top_logprob_values = copy_array(values.data(), values.size());
             }
+            if (!c.embedding.empty()) {
+                r.embedding = copy_array(c.embedding.data(), c.embedding.size());
+                r.n_embedding = static_cast<int32_t>(c.embedding.size());
+            }
             r.n_prompt_tokens = c.n_prompt_tokens;
             r.n_prompt_tokens_shared = c.n_prompt_tokens_shared;
             r.n_prompt_tokens_cached = c.n_prompt_tokens_cached;
@@ -456,6 +461,40 @@ fastpar_status fastpar_generate_parallel(fastpar_context * ctx, const char * con
         }
         const std::vector<fastpar::Completion> out = ctx->ctx->generate(in, gp, ctx->interrupt_check());
         *results_out = to_c(out);
+        return FASTPAR_OK;
+    });
+}
+
+fastpar_status fastpar_embed(fastpar_context * ctx, const char * const * texts, int32_t n_texts, bool normalize,
+                             fastpar_completion ** results_out) {
+    return guard([&] {
+        if (ctx == nullptr || results_out == nullptr) {
+            return fail(FASTPAR_ERR_INVALID_ARGUMENT, "ctx and results_out must not be NULL");
+        }
+        if (!live().has(ctx, Kind::Context)) {
+            return not_live("ctx");
+        }
+        if (n_texts < 0 || (n_texts > 0 && texts == nullptr)) {
+            return fail(FASTPAR_ERR_INVALID_ARGUMENT, "texts must point to n_texts strings (n_texts >= 0)");
+        }
+        if (!ctx->ctx->params().embeddings) {
+            return fail(FASTPAR_ERR_INVALID_ARGUMENT,
+                        "this context was made for generation: make one with embeddings = true to embed");
+        }
+        std::vector<fastpar::Prompt> in(static_cast<size_t>(n_texts));
+        for (int32_t i = 0; i < n_texts; ++i) {
+            if (texts[i] == nullptr) {
+                return fail(FASTPAR_ERR_INVALID_ARGUMENT, "texts[" + std::to_string(i) + "] is NULL");
+            }
+            in[static_cast<size_t>(i)].text = texts[i];
+        }
+        if (n_texts == 0) {
+            *results_out = nullptr;
+            return FASTPAR_OK;
+        }
+        fastpar::EmbedParams ep;
+        ep.normalize = normalize;
+        *results_out = to_c(ctx->ctx->embed(in, ep, ctx->interrupt_check()));
         return FASTPAR_OK;
     });
 }

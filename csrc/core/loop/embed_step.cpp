@@ -5,6 +5,7 @@
 #include <cmath>
 #include <string>
 
+#include "core/base/text.hpp"
 #include "core/loop/scheduler.hpp"
 #include "core/loop/slot.hpp"
 
@@ -29,6 +30,11 @@ void normalize_l2(std::vector<float> & v) {
 std::string Scheduler::embedding_refusal(const Prompt & prompt, size_t n_tokens) const {
     if (n_tokens == 0 || (!prompt.is_tokens && !prompt.is_chat && prompt.text.empty())) {
         return "text is empty: there is nothing to embed";
+    }
+    // Python's and R's strings are valid UTF-8; C's may not be, and would embed what the
+    // tokenizer makes of the bytes.
+    if (!prompt.is_tokens && !prompt.is_chat && utf8_sanitize(prompt.text) != prompt.text) {
+        return "text is not valid UTF-8";
     }
     // Whole in one batch (pooling covers one batch's tokens of a sequence), within a slot's
     // positions and within the positions the model was trained for (an encoder's learned
