@@ -292,6 +292,9 @@ def test_unknown_paths_get_openai_error_bodies(url, client):
     assert r.status_code == 405 and r.json()["error"]["code"] == "method_not_allowed"
     assert r.headers["allow"] == "POST"
     with pytest.raises(openai.NotFoundError):
+        client.images.generate(model="smol", prompt="Hi")
+    # A generating server knows /v1/embeddings and says how to serve it.
+    with pytest.raises(openai.BadRequestError, match="--embeddings"):
         client.embeddings.create(model="smol", input="Hi")
 
 
