@@ -52,8 +52,8 @@
     X(type_v,               STRING,  1, 1, 1)                               \
     X(prefix_cache_mib,     INT32,   1, 1, 1)                               \
     X(prefix_cache_dir,     STRING,  1, 1, 1)                               \
-    X(embeddings,           BOOL,    1, 1, 0)                               \
-    X(pooling,              STRING,  1, 1, 0)
+    X(embeddings,           BOOL,    1, 1, 1)                               \
+    X(pooling,              STRING,  1, 1, 1)
 
 /* prompt_logprobs (scoring) is not in the C ABI; prompt_logprobs_from is set by fastpar's
  * scoring functions alone. */

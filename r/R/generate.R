@@ -112,7 +112,7 @@ generate_parallel <- function(ctx, prompts, max_tokens = NULL, temperature = NUL
 .extra_options <- list(
   model = character(),
   context = c("n_batch", "device_sampling", "warmup", "kv_unified", "share_prefixes", "type_k", "type_v",
-              "prefix_cache_mib", "prefix_cache_dir"),
+              "prefix_cache_mib", "prefix_cache_dir", "embeddings", "pooling"),
   generate = c("grammar", "logprobs", "top_logprobs", "presence_penalty", "frequency_penalty", "repeat_last_n")
 )
 

@@ -82,7 +82,9 @@ fastpar_model <- function(path, n_gpu_layers = NULL, use_mmap = NULL) {
 #'   `type_v` (`"f16"`, the default, `"bf16"`, `"f32"`, `"q8_0"` or `"q4_0"`: `"q8_0"` holds
 #'   about 1.9x the positions in the same memory), and `prefix_cache_mib` (the prefix cache's
 #'   host memory in MiB: `-1` sizes it from the free memory; `0`, the default, turns the
-#'   cache off) and `prefix_cache_dir` (a folder keeping it across restarts) (docs/api.md of fastpar).
+#'   cache off) and `prefix_cache_dir` (a folder keeping it across restarts), and
+#'   `embeddings = TRUE` for a context that [embed()]s instead of generating, pooling by
+#'   `pooling` (`"mean"`, `"cls"` or `"last"`; `NULL` for the model's own) (docs/api.md of fastpar).
 #' @details Every option left `NULL` takes fastpar's own default, read from the C library
 #'   (`fastpar_context_default_params()`; see [fastpar_default_params()]). The context
 #'   keeps its model alive.
