@@ -219,3 +219,44 @@ def test_v1_embeddings_through_the_openai_client(model):
     with fastpar.Engine(model, n_parallel=1) as generating, running(create_app(generating)) as url:
         r = httpx.post(url + "/v1/embeddings", json={"input": "Hello"})
         assert r.status_code == 400 and "--embeddings" in r.json()["error"]["message"]
+
+
+def test_fastpar_run_answers_embedding_lines(model, tmp_path):
+    """A batch file mixing embedding and completion lines: a run with --embeddings answers the
+    first kind (rows as fastpar.embed's), the completions fail naming the option, and a rerun
+    without it answers them into the same output."""
+    import base64
+    import json
+
+    from test_server import _batch_cmd, _batch_line, _records
+
+    texts = [f"{p} ({i})" for i, p in enumerate(MORE_PROMPTS[:6])]
+    want = fastpar.embed(fastpar.Context(model, n_parallel=4, embeddings=True), texts)
+    lines = [json.dumps({"custom_id": f"e{i}", "method": "POST", "url": "/v1/embeddings",
+                         "body": {"input": t, "model": "m"}}) for i, t in enumerate(texts[:4])]
+    lines.append(json.dumps({"custom_id": "pair", "method": "POST", "url": "/v1/embeddings",
+                             "body": {"input": texts[4:], "encoding_format": "base64"}}))
+    lines.append(json.dumps({"custom_id": "half", "method": "POST", "url": "/v1/embeddings",
+                             "body": {"input": [texts[0], ""]}}))
+    lines.append(json.dumps({"custom_id": "empty", "method": "POST", "url": "/v1/embeddings", "body": {"input": ""}}))
+    lines.append(_batch_line("gen"))
+    src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    src.write_text("\n".join(lines) + "\n")
+    cmd = _batch_cmd(model, src, out, "--n-parallel", "4", "--embeddings")
+    first = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert first.returncode == 1 and "6 answered, 2 failed" in first.stderr.splitlines()[-1], first.stderr
+    got = _records(out)
+    for i in range(4):
+        body = got[f"e{i}"]["response"]["body"]
+        assert body["model"] == "m" and body["usage"]["prompt_tokens"] > 0
+        assert cosine(np.array(body["data"][0]["embedding"]), want[i]) >= COS_SHAPES
+    pair = [np.frombuffer(base64.b64decode(d["embedding"]), dtype="<f4") for d in got["pair"]["response"]["body"]["data"]]
+    assert cosine(np.array(pair), want[4:]).min() >= COS_SHAPES
+    half = got["half"]["response"]["body"]["data"]
+    assert half[0]["embedding"] is not None and half[1]["embedding"] is None and "empty" in half[1]["error"]["message"]
+    assert got["empty"]["response"]["status_code"] == 400
+    assert got["gen"]["error"]["message"] == "a generation line: run without --embeddings to answer it"
+    again = subprocess.run(_batch_cmd(model, src, out, "--n-parallel", "4"), capture_output=True, text=True,
+                           timeout=300)
+    assert "1 answered, 1 failed, 6 already in" in again.stderr.splitlines()[-1], again.stderr
+    assert _records(out)["gen"]["response"]["status_code"] == 200

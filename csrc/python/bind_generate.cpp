@@ -299,7 +299,8 @@ void register_generate(py::module_ & m) {
         .def_property_readonly("type_v", [](const Context & c) { return c.params().type_v; })
         .def_property_readonly("warmed_up", &Context::warmed_up)
         .def_property_readonly("embeddings", [](const Context & c) { return c.params().embeddings; })
-        .def_property_readonly("pooling", &Context::pooling);
+        .def_property_readonly("pooling", &Context::pooling)
+        .def_property_readonly("embedding_size", &Context::embedding_size);
 }
 
 }  // namespace fastpar::python

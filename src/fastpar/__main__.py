@@ -162,6 +162,11 @@ def _engine_options(p: argparse.ArgumentParser, prefix_cache_mib: Optional[int])
     p.add_argument("--prefix-cache-dir", default=None, metavar="DIR",
                    help="keep the prefix cache in this folder across restarts (with --prefix-cache-mib); "
                         "files from another model, KV type or build are refused")
+    p.add_argument("--embeddings", action="store_true",
+                   help="embed instead of generating: answer /v1/embeddings (an embeddings context)")
+    p.add_argument("--pooling", default=None, choices=["mean", "cls", "last"],
+                   help="with --embeddings: how a text's token vectors become one (default: the model's "
+                        "own, else mean)")
     p.add_argument("--model-name", default=None, help="the model's name in responses (default: the file's name)")
 
 
@@ -194,11 +199,6 @@ def _parse(argv: Optional[List[str]]) -> argparse.Namespace:
     # chat's turns come as separate requests (docs/server.md says what it changes); a batch
     # file, like the library, gets each line's output independent of the lines before it.
     _engine_options(serve, prefix_cache_mib=SERVE_PREFIX_CACHE_MIB)
-    serve.add_argument("--embeddings", action="store_true",
-                       help="serve POST /v1/embeddings instead of generation (an embeddings context)")
-    serve.add_argument("--pooling", default=None, choices=["mean", "cls", "last"],
-                       help="with --embeddings: how a text's token vectors become one (default: the model's "
-                            "own, else mean)")
     serve.add_argument("--max-queued", type=int, default=1024,
                        help="requests that may wait for a slot; one more is answered 429 (default 1024)")
     serve.add_argument("--api-key", default=None,

@@ -134,6 +134,11 @@ class Context:
         return self._ctx.pooling or None
 
     @property
+    def embedding_size(self) -> int:
+        """The length of the model's embedding vectors."""
+        return self._ctx.embedding_size
+
+    @property
     def warmed_up(self) -> bool:
         """Whether creation ran the warm-up decodes (``warmup`` above)."""
         return self._ctx.warmed_up

@@ -468,6 +468,9 @@ class Context:
     def device_sampling(self) -> bool:
         ...
     @property
+    def embedding_size(self) -> int:
+        ...
+    @property
     def embeddings(self) -> bool:
         ...
     @property

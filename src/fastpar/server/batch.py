@@ -2,7 +2,9 @@
 batch output format through ``generate_parallel``.
 
 Each input line is ``{"custom_id", "method": "POST", "url": "/v1/chat/completions" or
-"/v1/completions", "body": {...}}``. Each output line is ``{"id", "custom_id", "response":
+"/v1/completions", "body": {...}}``, or, with an embeddings context (``fastpar run
+--embeddings``), ``"url": "/v1/embeddings"`` (``fastpar.embed``); a line of the other kind
+fails with a message saying which option answers it, and a rerun with it does. Each output line is ``{"id", "custom_id", "response":
 {"status_code", "request_id", "body"}, "error"}``, written and flushed as soon as that
 line's prompts are done, so an interrupted run loses nothing it finished. The output holds
 one record per line: a rerun skips the ``custom_id``s answered (status 200) and tries the
@@ -23,9 +25,11 @@ from typing import Any, Dict, Iterator, List, Optional, Set, TextIO, Tuple
 
 import fastpar
 
+from .embeddings import embeddings_body, parse_embeddings
 from .protocol import APIError, Parsed, failure, parse, response_body
 
 URLS = {"/v1/chat/completions": True, "/v1/completions": False}
+EMBEDDINGS_URL = "/v1/embeddings"
 #: Lines given to one generate_parallel call: enough to keep every slot busy, few enough
 #: that the prompts of a huge file are not all held at once.
 CHUNK_LINES = 2048
@@ -41,8 +45,10 @@ class BatchInterrupted(KeyboardInterrupt):
 
 
 class _Line:
-    def __init__(self, number: int, custom_id: Optional[str], req: Optional[Parsed], error: Optional[str]) -> None:
+    def __init__(self, number: int, custom_id: Optional[str], req: Optional[Parsed], error: Optional[str],
+                 embed: Optional[Tuple[List[Any], str, Optional[str]]] = None) -> None:
         self.number, self.custom_id, self.req, self.error = number, custom_id, req, error
+        self.embed = embed  # an embeddings line: its texts, encoding_format and model
 
 
 def _key(custom_id: Optional[str], number: int) -> str:
@@ -87,7 +93,7 @@ def _read_done(path: str) -> Set[str]:
     return done
 
 
-def _parse_line(number: int, raw: str, n_ctx_per_seq: int, seen: Set[str], name: str) -> _Line:
+def _parse_line(number: int, raw: str, n_ctx_per_seq: int, seen: Set[str], name: str, embedding_size: int = 0) -> _Line:
     where = f"line {number} of {name}"
     try:
         rec = json.loads(raw)
@@ -103,10 +109,20 @@ def _parse_line(number: int, raw: str, n_ctx_per_seq: int, seen: Set[str], name:
     if _key(custom_id, number) in seen:
         return _Line(number, None, None, f"{where} repeats custom_id {custom_id!r}")
     url = rec.get("url")
-    if url not in URLS:
-        return _Line(number, custom_id, None, f"'url' must be one of {', '.join(URLS)}, got {url!r}")
+    if url not in URLS and url != EMBEDDINGS_URL:
+        return _Line(number, custom_id, None,
+                     f"'url' must be one of {', '.join(URLS)}, {EMBEDDINGS_URL}, got {url!r}")
     if rec.get("method", "POST") != "POST":
         return _Line(number, custom_id, None, f"'method' must be POST, got {rec.get('method')!r}")
+    if (url == EMBEDDINGS_URL) != (embedding_size > 0):
+        return _Line(number, custom_id, None, "an embeddings line: run with --embeddings to answer it"
+                     if url == EMBEDDINGS_URL else "a generation line: run without --embeddings to answer it")
+    if url == EMBEDDINGS_URL:
+        try:
+            texts, fmt = parse_embeddings(rec.get("body"), embedding_size)
+        except APIError as e:
+            return _Line(number, custom_id, None, e.message)
+        return _Line(number, custom_id, None, None, (texts, fmt, rec["body"].get("model")))
     try:
         req = parse(rec.get("body"), URLS[url], n_ctx_per_seq)
     except APIError as e:
@@ -137,7 +153,7 @@ def run_batch(ctx: fastpar.Context, input_path: str, output_path: str, *, limit:
     seen: Set[str] = set()
     name = os.path.basename(input_path)
     for number, raw in _lines(input_path):
-        line = _parse_line(number, raw, ctx.n_ctx_per_seq, seen, name)
+        line = _parse_line(number, raw, ctx.n_ctx_per_seq, seen, name, ctx.embedding_size if ctx.embeddings else 0)
         key = _key(line.custom_id, line.number)
         if key in done:
             counts["skipped"] += 1
@@ -176,6 +192,9 @@ def _answer(ctx: fastpar.Context, todo: List[_Line], output_path: str, counts: D
 
         for start in range(0, len(todo), CHUNK_LINES):
             chunk = todo[start:start + CHUNK_LINES]
+            if ctx.embeddings:
+                _embed_chunk(ctx, chunk, write, model_name)
+                continue
             prompts: List[Any] = []
             params: List[fastpar.SamplingParams] = []
             owner: List[int] = []  # prompt -> index in chunk
@@ -223,6 +242,44 @@ def _answer(ctx: fastpar.Context, todo: List[_Line], output_path: str, counts: D
                                                    completions, ctx.model), None)
 
             fastpar.generate_parallel(ctx, prompts, params, on_completion=on_completion)
+
+
+def _embed_chunk(ctx: fastpar.Context, chunk: List[_Line], write: Any, model_name: str) -> None:
+    """An embeddings run's lines: every text of the chunk in one ``fastpar.embed`` call, each
+    line written as soon as its texts are done."""
+    texts: List[Any] = []
+    owner: List[int] = []
+    for i, line in enumerate(chunk):
+        if line.embed is None:
+            write(line, None, None, line.error)
+            continue
+        texts.extend(line.embed[0])
+        owner.extend([i] * len(line.embed[0]))
+    if not texts:
+        return
+    done: List[Any] = [None] * len(texts)
+    first: Dict[int, int] = {}
+    left: Dict[int, int] = {}
+    for k, i in enumerate(owner):
+        first.setdefault(i, k)
+        left[i] = left.get(i, 0) + 1
+
+    def on_completion(k: int, completion: Any) -> None:
+        done[k] = completion
+        i = owner[k]
+        left[i] -= 1
+        if left[i]:
+            return
+        line = chunk[i]
+        texts_of_line, fmt, model = line.embed
+        try:
+            status, body = embeddings_body(done[first[i]:first[i] + len(texts_of_line)], fmt, model or model_name)
+        except APIError as e:
+            write(line, e.status, e.body(), None)
+            return
+        write(line, status, body, None)
+
+    fastpar.embed(ctx, texts, on_completion=on_completion)
 
 
 def _write(out: TextIO, rec: Dict[str, Any]) -> None:

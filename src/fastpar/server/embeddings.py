@@ -10,9 +10,6 @@ import struct
 import time
 from typing import Any, Callable, Dict, List, Mapping, Tuple, Union
 
-from starlette.requests import Request as HTTPRequest
-from starlette.responses import JSONResponse, Response
-
 from fastpar import Engine, QueueFull, Request
 
 from .protocol import APIError
@@ -110,12 +107,15 @@ def embeddings_body(completions: List[Any], fmt: str, model: str) -> Tuple[int, 
                  "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens}}
 
 
-def embeddings_endpoint(state: Any, error: Callable[[APIError], Response], shutting_down: Callable[[], APIError],
+def embeddings_endpoint(state: Any, error: Callable[[APIError], Any], shutting_down: Callable[[], APIError],
                         json_body: Callable) -> Callable:
-    """The route's handler over the application's state (app.py's ``_State``)."""
+    """The route's handler over the application's state (app.py's ``_State``). Starlette is
+    imported here: ``fastpar run`` uses the rest of this module without the server extra."""
+    from starlette.responses import JSONResponse
+
     metrics = state.metrics
 
-    async def run(request: HTTPRequest) -> Response:
+    async def run(request: Any) -> Any:
         t0 = time.monotonic()
         try:
             state.check_key(request)
