@@ -165,6 +165,38 @@ def test_plain_callable_class_in_map_batches(ray_cluster, model):
             assert r["generated_text"] == want[r["row"]].text
 
 
+def test_embed_task_gives_an_embeddings_column(ray_cluster, model):
+    """task="embed": each row's vector equals fastpar.embed's (within the rounding of other
+    batch shapes), a bad row gets its error column, through the processor and the plain
+    callable class alike."""
+    import numpy as np
+    import ray
+    from fastpar.ray import FastparPredictor, FastparProcessorConfig, build_processor
+
+    texts = [f"{p} ({i})" for i, p in enumerate(MORE_PROMPTS)] + [""]
+    want = fastpar.embed(fastpar.Context(model, n_parallel=4, embeddings=True), texts)
+    config = FastparProcessorConfig(model.path, n_parallel=4, n_gpu_layers=N_GPU_LAYERS, task="embed",
+                                    batch_size=5, max_concurrent_batches=2)
+    rows = [{"prompt": t, "row": i} for i, t in enumerate(texts)]
+    for out in (build_processor(config)(ray.data.from_items(rows)).take_all(),
+                ray.data.from_items(rows).map_batches(FastparPredictor, fn_constructor_kwargs={"config": config},
+                                                      concurrency=1, num_cpus=1, batch_size=5).take_all()):
+        by_row = {r["row"]: r for r in out}
+        assert sorted(by_row) == list(range(len(texts)))
+        bad = by_row[len(texts) - 1]
+        assert bad["embeddings"] is None and "empty" in bad["__inference_error__"]
+        got = np.array([by_row[i]["embeddings"] for i in range(len(texts) - 1)], dtype=np.float64)
+        want_ok = np.asarray(want[:-1], dtype=np.float64)
+        cos = np.sum(got * want_ok, 1) / (np.linalg.norm(got, axis=1) * np.linalg.norm(want_ok, axis=1))
+        assert cos.min() >= (0.995 if ON_GPU else 0.9995)  # tests/test_embeddings.py's COS_SHAPES says why
+        assert all(by_row[i]["num_input_tokens"] > 0 and by_row[i]["__inference_error__"] == ""
+                   for i in range(len(texts) - 1))
+    with pytest.raises(ValueError, match="sampling_params does not apply"):
+        FastparProcessorConfig(model.path, task="embed", sampling_params={"max_tokens": 3})
+    with pytest.raises(ValueError, match="task must be"):
+        FastparProcessorConfig(model.path, task="classify")
+
+
 def test_prefix_cache_reuses_a_prefix_across_batches(model):
     """An actor's engine with the prefix cache keeps what one batch decoded for the next: a
     few-shot prefix is decoded once. (The predictor alone, in this process: no cluster.)"""

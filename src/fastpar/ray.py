@@ -64,6 +64,10 @@ class FastparProcessorConfig:
     ``prefix_cache_mib``: each engine's prefix cache (``fastpar.Engine``: 0 off, -1 auto, or
     a budget in MiB): rows whose prompts start alike (a few-shot prefix, a system prompt)
     reuse the KV of what the actor decoded before instead of decoding it again.
+    ``task``: ``"generate"`` (default) or ``"embed"`` (``ray.data.llm``'s ``task_type``): each
+    row's ``prompt`` (or ``messages``) becomes one vector in an ``embeddings`` column, through
+    an embeddings engine pooling by ``pooling`` (``None``: the model's own; see
+    ``fastpar.embed``); ``sampling_params`` does not apply there.
     ``check_model_source``: ``model_source`` must be a file on this machine (the driver),
     checked here (``FileNotFoundError``; a folder: ``ValueError``) rather than in every
     actor, where the error would be buried in Ray's log; a relative path is made absolute.
@@ -85,6 +89,8 @@ class FastparProcessorConfig:
     sampling_params: Optional[Mapping[str, Any]] = None
     prefix_cache_mib: int = _ENGINE_DEFAULTS["prefix_cache_mib"].default
     check_model_source: bool = True
+    task: str = "generate"
+    pooling: Optional[str] = None
 
     def __post_init__(self) -> None:
         source = self.model_source
@@ -128,6 +134,16 @@ class FastparProcessorConfig:
             raise ValueError(f"prefix_cache_mib must be -1 (auto), 0 (off) or a budget in MiB, got {v}")
         if not self.num_cpus > 0 or self.num_gpus < 0:
             raise ValueError(f"num_cpus must be > 0 and num_gpus >= 0, got {self.num_cpus} and {self.num_gpus}")
+        if self.task not in ("generate", "embed"):
+            raise ValueError(f"task must be 'generate' or 'embed', got {self.task!r}")
+        if self.task == "embed" and self.sampling_params:
+            raise ValueError("sampling_params does not apply to task='embed'")
+        if self.pooling is not None and self.task != "embed":
+            raise ValueError("pooling applies to task='embed'")
+        if self.pooling not in (None, "mean", "cls", "last"):
+            raise ValueError(f"pooling must be 'mean', 'cls', 'last' or None, got {self.pooling!r}")
+        if self.task == "embed" and self.prefix_cache_mib > 0:
+            raise ValueError("an embeddings engine keeps no prefix cache: leave prefix_cache_mib at 0")
         sp = self.sampling_params
         if isinstance(sp, SamplingParams):
             sp = {f: getattr(sp, f) for f in _SAMPLING_FIELDS}
@@ -206,9 +222,11 @@ class FastparPredictor:
         self._setup(None, None)
         self.model = fastpar.Model(config.model_source, n_gpu_layers=config.n_gpu_layers)
         in_flight = config.batch_size * config.max_concurrent_batches * max(config.n, 1)
+        self.embed = config.task == "embed"
         self.engine = fastpar.Engine(self.model, n_parallel=config.n_parallel, n_ctx_per_seq=config.n_ctx_per_seq,
                                      n_threads=max(1, int(round(config.num_cpus))),
-                                     max_queued=max(1024, 4 * in_flight), prefix_cache_mib=config.prefix_cache_mib)
+                                     max_queued=max(1024, 4 * in_flight), prefix_cache_mib=config.prefix_cache_mib,
+                                     embeddings=self.embed, pooling=config.pooling)
 
     # -- one row -------------------------------------------------------------------------
 
@@ -224,6 +242,8 @@ class FastparPredictor:
             raise _RowError("the row has neither 'messages' nor 'prompt'")
         else:
             prompt = _plain(prompt)
+        if self.embed:
+            return prompt, None
         options = dict(self.config.sampling_params)
         row_sp = row.get("sampling_params")
         if row_sp is not None:
@@ -249,6 +269,8 @@ class FastparPredictor:
     def _outputs(self, completions: Optional[List[fastpar.Completion]], params: Optional[SamplingParams],
                  error: str) -> Dict[str, Any]:
         """One row's output columns from its completions (one per sample), or its error."""
+        if self.embed:
+            return self._embed_outputs(completions, error)
         listed = self.config.n > 1
         out: Dict[str, Any] = {}
         if completions is None:
@@ -283,6 +305,16 @@ class FastparPredictor:
                 out["top_logprobs"] = top if listed else top[0]
         out[ERROR_COLUMN] = error
         return out
+
+    def _embed_outputs(self, completions: Optional[List[fastpar.Completion]], error: str) -> Dict[str, Any]:
+        """An embed row's columns: its vector (``None`` when it failed), its tokens, its error."""
+        c = completions[0] if completions else None
+        if c is not None and c.finish_reason != "stop" and not error:
+            error = c.error or f"the request ended as {c.finish_reason!r}"
+        if error and not self.config.should_continue_on_error:
+            raise RuntimeError(f"fastpar: a row failed: {error}")
+        return {"embeddings": list(c.embedding) if c is not None and not error else None,
+                "num_input_tokens": c.n_prompt_tokens if c is not None else 0, ERROR_COLUMN: error}
 
     # -- a batch -------------------------------------------------------------------------
 
@@ -356,7 +388,8 @@ class FastparPredictor:
             request = None
             if not error:
                 try:
-                    request = self.engine.submit(prompt, params, block=True)
+                    request = (self.engine.submit_embedding(prompt, block=True) if self.embed
+                               else self.engine.submit(prompt, params, block=True))
                 except (TypeError, ValueError) as e:
                     error = f"{type(e).__name__}: {e}"
             pending.append((request, params, error))
@@ -390,7 +423,9 @@ class _AsyncFastparPredictor(FastparPredictor):
                 error = f"{type(e).__name__}: {e}"
         return self._outputs(completions, params, error)
 
-    async def _agenerate(self, prompt: Any, params: SamplingParams) -> List[fastpar.Completion]:
+    async def _agenerate(self, prompt: Any, params: Optional[SamplingParams]) -> List[fastpar.Completion]:
+        if self.embed:
+            return [await self._aembed(prompt)]
         while True:
             try:
                 result = await self.engine.agenerate(prompt, params)
@@ -398,6 +433,24 @@ class _AsyncFastparPredictor(FastparPredictor):
                 await asyncio.sleep(0.01)
                 continue
             return result if isinstance(result, list) else [result]
+
+    async def _aembed(self, prompt: Any) -> fastpar.Completion:
+        """One text's completion (its vector and tokens), awaited without blocking the loop."""
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                request = self.engine.submit_embedding(prompt)
+                break
+            except fastpar.QueueFull:
+                await asyncio.sleep(0.01)
+        done = loop.create_future()
+        request.on_update(lambda: request.done() and loop.call_soon_threadsafe(
+            lambda: done.done() or done.set_result(request.result())))
+        try:
+            return await done
+        finally:
+            if not request.done():
+                request.cancel()
 
     async def __call__(self, batch: Any) -> Any:  # type: ignore[override]
         rows = self._rows(batch)
