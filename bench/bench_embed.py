@@ -7,8 +7,9 @@ The model is bge-small's shape (BERT, 12 layers of width 384, 12 heads, FFN 1536
 pooling, 512 positions) with random weights and the real bge vocabulary
 (tests/embedding_models.py), F32, cached in $FASTPAR_CACHE/speed-models. The texts are
 --texts sentences of random common words, 16 to 256 tokens each (seeded, the same every
-run). Each repetition runs, interleaved, each in a fresh process and timed from its start to
-its end (model load included, as a user runs it):
+run). Each repetition runs every setting once, starting one setting later than the one before
+(so drift hits all alike), each in a fresh process timed from its start to its end (model
+load included, as a user runs it):
 
 * fastpar: `fastpar.embed` on a Context of --n-parallel slots and --n-batch tokens a batch;
 * llama-embedding with the same batch (`-b`, `-ub` = --n-batch; it packs as many texts a
@@ -102,10 +103,14 @@ def main() -> None:
         with open(file, "w") as f:
             f.write("\n".join(items))
         times = {"fastpar": [], "llama-embedding (defaults)": [], "llama-embedding (-fa off)": []}
+        runs = {"fastpar": lambda: run_fastpar(args, model, file),
+                "llama-embedding (defaults)": lambda: run_llama(args, model, file, "auto"),
+                "llama-embedding (-fa off)": lambda: run_llama(args, model, file, "off")}
+        names = list(runs)
         for rep in range(args.reps):
-            times["fastpar"].append(run_fastpar(args, model, file))
-            times["llama-embedding (defaults)"].append(run_llama(args, model, file, "auto"))
-            times["llama-embedding (-fa off)"].append(run_llama(args, model, file, "off"))
+            # Each repetition starts one setting later, so that drift hits all alike.
+            for name in names[rep % len(names):] + names[:rep % len(names)]:
+                times[name].append(runs[name]())
             print(f"rep {rep}: " + ", ".join(f"{k} {v[-1]:.1f} s" for k, v in times.items()), flush=True)
     rate = {k: args.texts / statistics.median(v) for k, v in times.items()}
     for k, v in rate.items():

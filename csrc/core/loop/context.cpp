@@ -193,7 +193,9 @@ Context::Context(std::shared_ptr<const Model> model, const ContextParams & param
         throw InvalidArgument("model is null");
     }
     validate(params_);
-    check_host_memory(*model_, params_, static_cast<int64_t>(params_.n_parallel) * params_.n_ctx_per_seq);
+    if (!params_.embeddings) {
+        check_host_memory(*model_, params_, static_cast<int64_t>(params_.n_parallel) * params_.n_ctx_per_seq);
+    }
     if (params_.n_batch == 0 && params_.embeddings) {
         // A text is embedded whole in one batch: by default any text a slot can hold fits.
         const int32_t n_train = llama_model_n_ctx_train(model_->get());
@@ -219,6 +221,10 @@ Context::Context(std::shared_ptr<const Model> model, const ContextParams & param
         if (llama_model_has_encoder(model_->get())) {
             throw InvalidArgument("embeddings from encoder-decoder models (T5 kinds) are not supported");
         }
+        // A step's texts are all its KV holds, each removed when its vector is read: one
+        // batch of cells is all the cache needs, whatever n_parallel x n_ctx_per_seq is.
+        check_host_memory(*model_, params_, params_.n_batch);
+        cp.n_ctx = static_cast<uint32_t>(params_.n_batch);
         cp.n_ubatch = cp.n_batch;
         cp.kv_unified = true;
         params_.kv_unified = true;
