@@ -27,6 +27,17 @@ def compile_c(name: str, out_dir: pathlib.Path) -> pathlib.Path:
     return out
 
 
+def run_c(name: str, tmp_path_factory, model, last_line: str) -> list:
+    """Compiles tests/c/<name>.c, runs it on the model and returns its output lines, checking
+    that it exited 0 and ended with `last_line`."""
+    binary = compile_c(name, tmp_path_factory.mktemp("capi"))
+    run = subprocess.run([str(binary), model.path], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    lines = run.stdout.splitlines()
+    assert lines[-1] == last_line
+    return lines
+
+
 @pytest.fixture(scope="module")
 def capi_binary(tmp_path_factory):
     return compile_c("capi_check", tmp_path_factory.mktemp("capi"))
@@ -58,11 +69,7 @@ def test_c_and_python_agree(capi_run, model):
 
 
 def test_c_generate_per_prompt_params_samples_and_chat(tmp_path_factory, model):
-    binary = compile_c("capi_generate", tmp_path_factory.mktemp("capi"))
-    run = subprocess.run([str(binary), model.path], capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stdout + run.stderr
-    lines = run.stdout.splitlines()
-    assert lines[-1] == "capi-gen: ok"
+    lines = run_c("capi_generate", tmp_path_factory, model, "capi-gen: ok")
     # The same call from Python: per-prompt params, a chat prompt, 3 samples of the last.
     SP = fastpar.SamplingParams
     ctx = fastpar.Context(model, n_parallel=4, n_ctx_per_seq=256)
@@ -114,11 +121,7 @@ def test_c_abi_survives_nulls_bad_sizes_freed_handles_and_malformed_files(model,
 def test_c_embed_equals_python_and_fails_bad_texts_alone(tmp_path_factory, model):
     import numpy as np
 
-    binary = compile_c("capi_embed", tmp_path_factory.mktemp("capi"))
-    run = subprocess.run([str(binary), model.path], capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stdout + run.stderr
-    lines = run.stdout.splitlines()
-    assert lines[-1] == "capi-embed: ok"
+    lines = run_c("capi_embed", tmp_path_factory, model, "capi-embed: ok")
     errors = {int(ln.split()[2]): ln.split(" ", 3)[3] for ln in lines if ln.startswith("capi-embed: error ")}
     assert set(errors) == {7, 42, 77}
     assert "empty" in errors[7] and errors[42] == "text is not valid UTF-8" and "256 (n_batch)" in errors[77]

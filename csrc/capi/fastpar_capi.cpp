@@ -325,6 +325,22 @@ fastpar_completion * to_c(const std::vector<fastpar::Completion> & out) {
     return results;
 }
 
+// n NUL-terminated raw-text prompts from the caller's array (`what` names it in messages:
+// "prompts" or "texts"); throws InvalidArgument for a NULL array or entry, or n < 0.
+std::vector<fastpar::Prompt> text_prompts(const char * const * texts, int32_t n, const std::string & what) {
+    if (n < 0 || (n > 0 && texts == nullptr)) {
+        throw fastpar::InvalidArgument(what + " must point to n_" + what + " strings (n_" + what + " >= 0)");
+    }
+    std::vector<fastpar::Prompt> in(static_cast<size_t>(n));
+    for (int32_t i = 0; i < n; ++i) {
+        if (texts[i] == nullptr) {
+            throw fastpar::InvalidArgument(what + "[" + std::to_string(i) + "] is NULL");
+        }
+        in[static_cast<size_t>(i)].text = texts[i];
+    }
+    return in;
+}
+
 }  // namespace
 
 extern "C" {
@@ -438,16 +454,7 @@ fastpar_status fastpar_generate_parallel(fastpar_context * ctx, const char * con
         if (!live().has(ctx, Kind::Context)) {
             return not_live("ctx");
         }
-        if (n_prompts < 0 || (n_prompts > 0 && prompts == nullptr)) {
-            return fail(FASTPAR_ERR_INVALID_ARGUMENT, "prompts must point to n_prompts strings (n_prompts >= 0)");
-        }
-        std::vector<fastpar::Prompt> in(static_cast<size_t>(n_prompts));
-        for (int32_t i = 0; i < n_prompts; ++i) {
-            if (prompts[i] == nullptr) {
-                return fail(FASTPAR_ERR_INVALID_ARGUMENT, "prompts[" + std::to_string(i) + "] is NULL");
-            }
-            in[static_cast<size_t>(i)].text = prompts[i];
-        }
+        const std::vector<fastpar::Prompt> in = text_prompts(prompts, n_prompts, "prompts");
         const fastpar::GenerateParams gp = to_core(params);
         if (gp.n != 1) {
             return fail(FASTPAR_ERR_INVALID_ARGUMENT, "n=" + std::to_string(gp.n) +
@@ -474,19 +481,10 @@ fastpar_status fastpar_embed(fastpar_context * ctx, const char * const * texts, 
         if (!live().has(ctx, Kind::Context)) {
             return not_live("ctx");
         }
-        if (n_texts < 0 || (n_texts > 0 && texts == nullptr)) {
-            return fail(FASTPAR_ERR_INVALID_ARGUMENT, "texts must point to n_texts strings (n_texts >= 0)");
-        }
+        const std::vector<fastpar::Prompt> in = text_prompts(texts, n_texts, "texts");
         if (!ctx->ctx->params().embeddings) {
             return fail(FASTPAR_ERR_INVALID_ARGUMENT,
                         "this context was made for generation: make one with embeddings = true to embed");
-        }
-        std::vector<fastpar::Prompt> in(static_cast<size_t>(n_texts));
-        for (int32_t i = 0; i < n_texts; ++i) {
-            if (texts[i] == nullptr) {
-                return fail(FASTPAR_ERR_INVALID_ARGUMENT, "texts[" + std::to_string(i) + "] is NULL");
-            }
-            in[static_cast<size_t>(i)].text = texts[i];
         }
         if (n_texts == 0) {
             *results_out = nullptr;

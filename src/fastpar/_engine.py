@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 import os
-from typing import AsyncIterator, Callable, Iterator, List, Optional, Tuple, Union
+from typing import Any, AsyncIterator, Callable, Iterator, List, Optional, Tuple, Union
 
 from . import _core
 from ._model import Model
@@ -237,20 +237,7 @@ class Engine:
     async def aembed(self, text: Prompt, *, normalize: bool = True) -> List[float]:
         """Await one text's vector without blocking the event loop (an embeddings engine).
         Raises ``ValueError`` with the reason when the text cannot be embedded."""
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future = loop.create_future()
-        request = self.submit_embedding(text, normalize=normalize)
-
-        def on_update() -> None:  # on the engine's thread
-            if request.done():
-                loop.call_soon_threadsafe(_resolve, future, request)
-
-        request.on_update(on_update)
-        try:
-            done = await future
-        finally:
-            if not request.done():
-                request.cancel()
+        done = await _finished(self.submit_embedding(text, normalize=normalize))
         if done.finish_reason == "error":
             raise ValueError(done.error)
         return done.embedding
@@ -287,20 +274,7 @@ class Engine:
                         **options) -> Union[_core.Completion, List[_core.Completion]]:
         """Await what ``generate`` returns without blocking the event loop. Cancelling the
         awaiting task cancels the request."""
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future = loop.create_future()
-        request = self._submit(prompt, "Engine.agenerate", params, options)
-
-        def on_update() -> None:  # on the engine's thread
-            if request.done():
-                loop.call_soon_threadsafe(_resolve, future, request)
-
-        request.on_update(on_update)
-        try:
-            return await future
-        finally:
-            if not request.done():
-                request.cancel()
+        return await _finished(self._submit(prompt, "Engine.agenerate", params, options))
 
     @_keywords_checked
     @_with_options
@@ -396,3 +370,22 @@ def _request_params(call: str, params: Optional[SamplingParams], options: dict) 
 def _resolve(future: asyncio.Future, request: Request) -> None:
     if not future.done():
         future.set_result(request.result(0))
+
+
+async def _finished(request: Request) -> Any:
+    """What ``request.result()`` gives, awaited without blocking the event loop: the engine's
+    thread wakes the loop when the request is done. Leaving early (the awaiting task
+    cancelled) cancels the request."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future = loop.create_future()
+
+    def on_update() -> None:  # on the engine's thread
+        if request.done():
+            loop.call_soon_threadsafe(_resolve, future, request)
+
+    request.on_update(on_update)
+    try:
+        return await future
+    finally:
+        if not request.done():
+            request.cancel()

@@ -33,6 +33,7 @@ except ImportError as _e:  # pragma: no cover - exercised only without the extra
 
 import fastpar
 from fastpar import SamplingParams
+from fastpar._engine import _finished
 
 __all__ = ["ERROR_COLUMN", "FastparPredictor", "FastparProcessor", "FastparProcessorConfig", "build_processor"]
 
@@ -436,21 +437,13 @@ class _AsyncFastparPredictor(FastparPredictor):
 
     async def _aembed(self, prompt: Any) -> fastpar.Completion:
         """One text's completion (its vector and tokens), awaited without blocking the loop."""
-        loop = asyncio.get_running_loop()
         while True:
             try:
                 request = self.engine.submit_embedding(prompt)
                 break
-            except fastpar.QueueFull:
+            except fastpar.QueueFull:  # more in flight than max_queued: wait for room
                 await asyncio.sleep(0.01)
-        done = loop.create_future()
-        request.on_update(lambda: request.done() and loop.call_soon_threadsafe(
-            lambda: done.done() or done.set_result(request.result())))
-        try:
-            return await done
-        finally:
-            if not request.done():
-                request.cancel()
+        return await _finished(request)
 
     async def __call__(self, batch: Any) -> Any:  # type: ignore[override]
         rows = self._rows(batch)

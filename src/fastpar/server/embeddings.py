@@ -11,6 +11,7 @@ import time
 from typing import Any, Callable, Dict, List, Mapping, Tuple, Union
 
 from fastpar import Engine, QueueFull, Request
+from fastpar._engine import _finished
 
 from .protocol import APIError
 
@@ -54,7 +55,6 @@ def _is_id(x: Any) -> bool:
 async def embed_all(engine: Engine, texts: List[Text]) -> List[Any]:
     """Submits every text and awaits every completion, in input order. A full queue is a 429
     (what was submitted is cancelled); leaving early (a disconnect) cancels the rest."""
-    loop = asyncio.get_running_loop()
     requests: List[Request] = []
     try:
         for t in texts:
@@ -63,20 +63,10 @@ async def embed_all(engine: Engine, texts: List[Text]) -> List[Any]:
         for r in requests:
             r.cancel()
         raise APIError(429, "the server's queue is full; retry later", "rate_limit_error", code="queue_full") from None
-    futures = []
-    for r in requests:
-        future: asyncio.Future = loop.create_future()
-
-        def on_update(r: Request = r, f: asyncio.Future = future) -> None:  # on the engine's thread
-            if r.done():
-                loop.call_soon_threadsafe(lambda: f.done() or f.set_result(r.result()))
-
-        r.on_update(on_update)
-        futures.append(future)
     try:
-        return list(await asyncio.gather(*futures))
+        return list(await asyncio.gather(*(_finished(r) for r in requests)))
     finally:
-        for r in requests:
+        for r in requests:  # a failing or cancelled gather leaves no request running
             if not r.done():
                 r.cancel()
 
