@@ -42,11 +42,20 @@ def cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 def llama_embedding(model_path: str, texts, pooling: str, n_threads: int) -> np.ndarray:
     """llama.cpp's llama-embedding on the same texts (one per line, all in one batch) at its
     defaults, normalized as fastpar's default."""
-    out = subprocess.run([llama_tool("llama-embedding"), "-m", model_path, "-p", "\n".join(texts),
-                          "--pooling", pooling, "--embd-normalize", "2", "--embd-output-format", "json",
-                          "-c", "2048", "-b", "2048", "-ub", "2048", "-t", str(n_threads), "-ngl", str(N_GPU_LAYERS)],
-                         capture_output=True, text=True, check=True)
-    doc = json.loads(out.stdout[out.stdout.index("{"):])
+    cmd = [llama_tool("llama-embedding"), "-m", model_path, "-p", "\n".join(texts),
+           "--pooling", pooling, "--embd-normalize", "2", "--embd-output-format", "json",
+           "-c", "2048", "-b", "2048", "-ub", "2048", "-t", str(n_threads), "-ngl", str(N_GPU_LAYERS)]
+    # llama-embedding prints through llama.cpp's asynchronous logger, which is not flushed at
+    # exit (common/log.cpp leaks it on purpose), so now and then its stdout loses its tail
+    # (seen once in CI: the JSON cut off mid-array): such a run is run again.
+    for attempt in range(3):
+        out = subprocess.run(cmd, capture_output=True, text=True, check=True)
+        try:
+            doc = json.loads(out.stdout[out.stdout.index("{"):])
+            break
+        except json.JSONDecodeError:
+            if attempt == 2:
+                raise
     return np.array([d["embedding"] for d in sorted(doc["data"], key=lambda d: d["index"])], dtype=np.float32)
 
 

@@ -105,6 +105,28 @@ class Request:
         completions = self.completions(timeout)
         return completions[0] if len(completions) == 1 else completions
 
+    async def aresult(self) -> Union[_core.Completion, List[_core.Completion]]:
+        """What ``result()`` gives, awaited without blocking the event loop: the engine's
+        thread wakes the loop when every sample is done (through ``on_update``, which this
+        sets). Leaving early (the awaiting task cancelled) cancels the request."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future = loop.create_future()
+
+        def resolve() -> None:
+            if not future.done():
+                future.set_result(self.result(0))
+
+        def on_update() -> None:  # on the engine's thread
+            if self.done():
+                loop.call_soon_threadsafe(resolve)
+
+        self.on_update(on_update)
+        try:
+            return await future
+        finally:
+            if not self.done():
+                self.cancel()
+
     @_keywords_checked
     def completions(self, timeout: Optional[float] = None) -> List[_core.Completion]:
         """The ``n`` completions in sample order (a list also when ``n == 1``), as ``result``."""
@@ -237,7 +259,7 @@ class Engine:
     async def aembed(self, text: Prompt, *, normalize: bool = True) -> List[float]:
         """Await one text's vector without blocking the event loop (an embeddings engine).
         Raises ``ValueError`` with the reason when the text cannot be embedded."""
-        done = await _finished(self.submit_embedding(text, normalize=normalize))
+        done = await self.submit_embedding(text, normalize=normalize).aresult()
         if done.finish_reason == "error":
             raise ValueError(done.error)
         return done.embedding
@@ -274,7 +296,7 @@ class Engine:
                         **options) -> Union[_core.Completion, List[_core.Completion]]:
         """Await what ``generate`` returns without blocking the event loop. Cancelling the
         awaiting task cancels the request."""
-        return await _finished(self._submit(prompt, "Engine.agenerate", params, options))
+        return await self._submit(prompt, "Engine.agenerate", params, options).aresult()
 
     @_keywords_checked
     @_with_options
@@ -365,27 +387,3 @@ def _request_params(call: str, params: Optional[SamplingParams], options: dict) 
         raise TypeError(f"params must be a fastpar.SamplingParams, got {type(params).__name__}")
     (sp,) = _params_list(call, params, options, 1)
     return sp._params
-
-
-def _resolve(future: asyncio.Future, request: Request) -> None:
-    if not future.done():
-        future.set_result(request.result(0))
-
-
-async def _finished(request: Request) -> Any:
-    """What ``request.result()`` gives, awaited without blocking the event loop: the engine's
-    thread wakes the loop when the request is done. Leaving early (the awaiting task
-    cancelled) cancels the request."""
-    loop = asyncio.get_running_loop()
-    future: asyncio.Future = loop.create_future()
-
-    def on_update() -> None:  # on the engine's thread
-        if request.done():
-            loop.call_soon_threadsafe(_resolve, future, request)
-
-    request.on_update(on_update)
-    try:
-        return await future
-    finally:
-        if not request.done():
-            request.cancel()

@@ -33,7 +33,6 @@ except ImportError as _e:  # pragma: no cover - exercised only without the extra
 
 import fastpar
 from fastpar import SamplingParams
-from fastpar._engine import _finished
 
 __all__ = ["ERROR_COLUMN", "FastparPredictor", "FastparProcessor", "FastparProcessorConfig", "build_processor"]
 
@@ -443,7 +442,7 @@ class _AsyncFastparPredictor(FastparPredictor):
                 break
             except fastpar.QueueFull:  # more in flight than max_queued: wait for room
                 await asyncio.sleep(0.01)
-        return await _finished(request)
+        return await request.aresult()
 
     async def __call__(self, batch: Any) -> Any:  # type: ignore[override]
         rows = self._rows(batch)

@@ -11,7 +11,6 @@ import time
 from typing import Any, Callable, Dict, List, Mapping, Tuple, Union
 
 from fastpar import Engine, QueueFull, Request
-from fastpar._engine import _finished
 
 from .protocol import APIError
 
@@ -64,7 +63,7 @@ async def embed_all(engine: Engine, texts: List[Text]) -> List[Any]:
             r.cancel()
         raise APIError(429, "the server's queue is full; retry later", "rate_limit_error", code="queue_full") from None
     try:
-        return list(await asyncio.gather(*(_finished(r) for r in requests)))
+        return list(await asyncio.gather(*(r.aresult() for r in requests)))
     finally:
         for r in requests:  # a failing or cancelled gather leaves no request running
             if not r.done():
