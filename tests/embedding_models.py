@@ -2,7 +2,9 @@
 
 A BERT-kind model (llama.cpp's ``bert`` architecture, the bge/e5/MiniLM kind) with random
 weights and the real vocabulary of llama.cpp's vendored ``ggml-vocab-bert-bge.gguf``
-(30,522 WordPiece tokens, its special-token ids and token types). Its shape is small
+(30,522 WordPiece tokens, its special-token ids and token types), or a reranker of the same
+kind (bge-reranker's head: "rank" pooling over the first token, then a tanh layer and one
+output, llama.cpp's cls and cls.output tensors). Its shape is small
 (a few layers of width 64) so that tests stay fast; `bench/` makes bge-small's shape with
 the same function. No weights are committed: the same seed gives the same file.
 """
@@ -17,12 +19,15 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 BERT_VOCAB = ROOT / "vendor" / "llama.cpp" / "models" / "ggml-vocab-bert-bge.gguf"
 
 # gguf's pooling type numbers (llama.h's llama_pooling_type).
-POOLING = {"mean": 1, "cls": 2, "last": 3}
+POOLING = {"mean": 1, "cls": 2, "last": 3, "rank": 4}
 
 
 def make_bert(path: pathlib.Path, *, n_layer: int = 2, n_embd: int = 64, n_head: int = 4, n_ff: int = 128,
-              n_ctx_train: int = 512, pooling: str = "cls", seed: int = 0) -> pathlib.Path:
-    """Writes a BERT-kind embedding model to `path` (F32 weights) and returns it."""
+              n_ctx_train: int = 512, pooling: str = "cls", rerank_template: str = "",
+              seed: int = 0) -> pathlib.Path:
+    """Writes a BERT-kind embedding model to `path` (F32 weights) and returns it; with
+    pooling "rank", a reranker (with `rerank_template`, the GGUF's
+    tokenizer.chat_template.rerank, which llama-server fills with {query} and {document})."""
     import gguf
 
     vocab = gguf.GGUFReader(str(BERT_VOCAB))
@@ -71,6 +76,13 @@ def make_bert(path: pathlib.Path, *, n_layer: int = 2, n_embd: int = 64, n_head:
         writer.add_tensor(f"blk.{i}.ffn_down.weight", w(n_embd, n_ff))
         writer.add_tensor(f"blk.{i}.ffn_down.bias", w(n_embd, scale=0.02))
         norm(f"blk.{i}.layer_output_norm")
+    if pooling == "rank":
+        writer.add_tensor("cls.weight", w(n_embd, n_embd))
+        writer.add_tensor("cls.bias", w(n_embd, scale=0.02))
+        writer.add_tensor("cls.output.weight", w(1, n_embd, scale=0.5))
+        writer.add_tensor("cls.output.bias", w(1, scale=0.1))
+        if rerank_template:
+            writer.add_string("tokenizer.chat_template.rerank", rerank_template)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -89,7 +89,9 @@ typedef struct fastpar_context_params {
     /* true: a context for fastpar_embed instead of generation (each text decoded whole in one
        batch; it generates nothing, and a generation context embeds nothing). */
     bool embeddings;
-    /* With embeddings: "mean", "cls" or "last"; NULL = the model's own, else "mean". */
+    /* With embeddings: "mean", "cls", "last" or "rank" (a reranker: each result's embedding is
+       its classification outputs, the score first, for the text as given); NULL = the
+       model's own, else "mean". */
     const char * pooling;
 } fastpar_context_params;
 

@@ -77,6 +77,8 @@ void register_model(py::module_ & m) {
              py::arg("add_special") = true,
              "Token ids of text, as generate would feed them (special tokens parsed unless parse_special=False;\n"
              "BOS/EOS as the vocabulary asks unless add_special=False).")
+        .def("rerank_prompt", &Model::rerank_prompt, py::arg("query"), py::arg("document"),
+             "The tokens a reranker scores for (query, document), as llama-server's /rerank makes them.")
         .def_property_readonly("add_bos", &Model::add_bos)
         .def_property_readonly("token_bos", &Model::token_bos)
         .def_property_readonly("token_eos", &Model::token_eos)

@@ -12,7 +12,7 @@ from . import _openmp
 _openmp.choose()  # before the native modules load OpenMP (_openmp.py says why)
 
 from ._context import Context, generate_parallel  # noqa: E402
-from ._embed import Embeddings, embed
+from ._embed import Embeddings, Scores, embed, rerank
 from ._model import Model
 from ._options import SamplingParams
 from ._core import (MAX_TOP_LOGPROBS, Completion, EngineClosed, EngineStats, FastparError, ModelLoadError, QueueFull,
@@ -40,6 +40,7 @@ __all__ = [
     "Request",
     "RollingLoglikelihood",
     "SamplingParams",
+    "Scores",
     "Stats",
     "__version__",
     "backend",
@@ -49,6 +50,7 @@ __all__ = [
     "loglikelihood",
     "loglikelihood_rolling",
     "perplexity",
+    "rerank",
     "get_include",
     "get_library",
 ]

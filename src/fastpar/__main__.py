@@ -199,6 +199,9 @@ def _parse(argv: Optional[List[str]]) -> argparse.Namespace:
     # chat's turns come as separate requests (docs/server.md says what it changes); a batch
     # file, like the library, gets each line's output independent of the lines before it.
     _engine_options(serve, prefix_cache_mib=SERVE_PREFIX_CACHE_MIB)
+    serve.add_argument("--rerank", "--reranking", action="store_true",
+                       help="score (query, document) pairs with a reranker model: answer /v1/rerank "
+                            "(--embeddings with rank pooling)")
     serve.add_argument("--max-queued", type=int, default=1024,
                        help="requests that may wait for a slot; one more is answered 429 (default 1024)")
     serve.add_argument("--api-key", default=None,
@@ -222,6 +225,10 @@ def _parse(argv: Optional[List[str]]) -> argparse.Namespace:
         if args.model is not None and args.model_file is not None and args.model != args.model_file:
             serve.error(f"two models given: {args.model_file} and --model {args.model}; give one")
         args.model = args.model if args.model is not None else args.model_file
+        if args.rerank:
+            if args.pooling is not None:
+                serve.error(f"--rerank pools by rank; --pooling {args.pooling} is for --embeddings")
+            args.embeddings, args.pooling = True, "rank"
     return args
 
 

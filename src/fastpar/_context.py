@@ -66,9 +66,10 @@ class Context:
     one batch, so a text may have up to ``n_batch`` tokens (and ``n_ctx_per_seq``, and the
     model's training context), whose default there is ``n_ctx_per_seq`` (or the training
     context if less); with one KV buffer for all slots. ``pooling``: how a text's
-    token vectors become one, ``"mean"``, ``"cls"`` (the first token's) or ``"last"``;
-    ``None`` (default) takes the model's own (its GGUF's pooling type), or ``"mean"`` when
-    the model names none (a model made for generation).
+    token vectors become one, ``"mean"``, ``"cls"`` (the first token's), ``"last"``, or
+    ``"rank"`` (a reranker's relevance score, for ``fastpar.rerank``); ``None`` (default)
+    takes the model's own (its GGUF's pooling type), or ``"mean"`` when the model names
+    none (a model made for generation).
     """
 
     @_keywords_checked
@@ -129,13 +130,14 @@ class Context:
 
     @property
     def pooling(self) -> Optional[str]:
-        """An embeddings context's pooling as used: ``"mean"``, ``"cls"`` or ``"last"``
-        (``None`` for generation)."""
+        """An embeddings context's pooling as used: ``"mean"``, ``"cls"``, ``"last"`` or
+        ``"rank"`` (``None`` for generation)."""
         return self._ctx.pooling or None
 
     @property
     def embedding_size(self) -> int:
-        """The length of the model's embedding vectors."""
+        """The length of the model's embedding vectors (with ``"rank"`` pooling, of its
+        classification head's outputs, the relevance score first)."""
         return self._ctx.embedding_size
 
     @property

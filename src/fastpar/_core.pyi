@@ -51,6 +51,10 @@ class Model:
         """
         Messages rendered with the model's chat template, assistant turn opened.
         """
+    def rerank_prompt(self, query: str, document: str) -> list[int]:
+        """
+        The tokens a reranker scores for (query, document), as llama-server's /rerank makes them.
+        """
     def token_bytes(self, token: typing.SupportsInt | typing.SupportsIndex) -> bytes:
         """
         The bytes one token stands for (possibly part of a UTF-8 character).

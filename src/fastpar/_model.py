@@ -72,6 +72,18 @@ class Model:
         return self._model.tokenize(text, _bool("parse_special", parse_special), _bool("add_special", add_special))
 
     @_keywords_checked
+    def rerank_tokens(self, query: str, document: str) -> List[int]:
+        """The token ids a reranker scores for the pair, as llama-server's ``/rerank`` makes
+        them: the model's rerank template (its GGUF's ``tokenizer.chat_template.rerank``) with
+        ``{query}`` and ``{document}`` filled in, else ``[BOS] query [EOS] [SEP] document
+        [EOS]`` as the vocabulary adds each (``fastpar.rerank`` scores these)."""
+        if not isinstance(query, str):
+            raise TypeError(f"query must be a str, got {type(query).__name__}")
+        if not isinstance(document, str):
+            raise TypeError(f"document must be a str, got {type(document).__name__}")
+        return self._model.rerank_prompt(query, document)
+
+    @_keywords_checked
     def token_bytes(self, token: int) -> bytes:
         """The bytes token ``token`` stands for (a piece of a character may be part of one)."""
         return self._model.token_bytes(_int("token", token))

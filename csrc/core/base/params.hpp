@@ -80,13 +80,15 @@ struct ContextParams {
     // embeds nothing. The prefix cache does not apply (nothing is kept after a text).
     bool embeddings = false;
     // With embeddings: how a text's token vectors become one, one of kPoolings: "mean",
-    // "cls" (the first token's), "last" (the last token's); "" = the model's own (its GGUF's
-    // pooling type), "mean" when the model names none (a decoder made for generation).
+    // "cls" (the first token's), "last" (the last token's), "rank" (a reranker's score: the
+    // model's classification head over the first token, or the last with causal attention);
+    // "" = the model's own (its GGUF's pooling type), "mean" when the model names none (a
+    // decoder made for generation).
     std::string pooling;
 };
 
 // The names ContextParams::pooling accepts besides "".
-inline constexpr const char * kPoolings[] = {"mean", "cls", "last"};
+inline constexpr const char * kPoolings[] = {"mean", "cls", "last", "rank"};
 
 // Context::embed's options.
 struct EmbedParams {

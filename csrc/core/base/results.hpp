@@ -41,7 +41,7 @@ struct Completion {
     // With prompt_logprobs and top_logprobs = k: for each prompt_token_ids entry, the k most
     // likely tokens there, most likely first (empty where prompt_logprobs is NaN).
     std::vector<std::vector<TopLogprob>> prompt_top_logprobs;
-    // Context::embed: the text's pooled vector (llama_model_n_embd_out floats); empty when it
+    // Context::embed: the text's pooled vector (Context::embedding_size floats); empty when it
     // failed and for generation.
     std::vector<float> embedding;
     FinishReason finish_reason = FinishReason::Error;

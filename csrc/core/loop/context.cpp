@@ -150,13 +150,17 @@ enum llama_pooling_type embedding_pooling(const Model & model, const std::string
     if (name == "last") {
         return LLAMA_POOLING_TYPE_LAST;
     }
+    if (name == "rank") {
+        return LLAMA_POOLING_TYPE_RANK;
+    }
     char arch[128] = {0};
     if (llama_model_meta_val_str(model.get(), "general.architecture", arch, sizeof arch) > 0) {
         char value[32] = {0};
         const std::string key = std::string(arch) + ".pooling_type";
         if (llama_model_meta_val_str(model.get(), key.c_str(), value, sizeof value) > 0) {
             const int t = std::atoi(value);
-            if (t == LLAMA_POOLING_TYPE_MEAN || t == LLAMA_POOLING_TYPE_CLS || t == LLAMA_POOLING_TYPE_LAST) {
+            if (t == LLAMA_POOLING_TYPE_MEAN || t == LLAMA_POOLING_TYPE_CLS || t == LLAMA_POOLING_TYPE_LAST ||
+                t == LLAMA_POOLING_TYPE_RANK) {
                 return static_cast<enum llama_pooling_type>(t);
             }
         }
@@ -233,7 +237,12 @@ Context::Context(std::shared_ptr<const Model> model, const ContextParams & param
         // (each token attends to the whole batch, masked), though its CPU kernel, chosen by
         // the rows a batch holds, rounds a decoder's vector apart by batch shape (docs/api.md).
         cp.pooling_type = embedding_pooling(*model_, params_.pooling);
-        pooling_ = cp.pooling_type == LLAMA_POOLING_TYPE_CLS ? "cls" : cp.pooling_type == LLAMA_POOLING_TYPE_LAST ? "last" : "mean";
+        switch (cp.pooling_type) {
+            case LLAMA_POOLING_TYPE_CLS: pooling_ = "cls"; break;
+            case LLAMA_POOLING_TYPE_LAST: pooling_ = "last"; break;
+            case LLAMA_POOLING_TYPE_RANK: pooling_ = "rank"; break;
+            default: pooling_ = "mean"; break;
+        }
     }
     // flash_attn_type stays llama.cpp's auto, which it turns on for a quantized V cache.
     cp.type_k = kv_cache_type(params_.type_k);
@@ -393,6 +402,7 @@ void Context::with_scheduler(Stats & stats, const StepPolicy & policy, const std
     options.grammars = grammars_.get();
     options.cache = cache_.get();
     options.embeddings = params_.embeddings;
+    options.embedding_size = embedding_size();
     Scheduler scheduler(*model_, ctx_, batch_, options, stats);
     try {
         body(scheduler);
@@ -528,7 +538,11 @@ std::vector<Completion> Context::embed(const std::vector<Prompt> & prompts, cons
     return results;
 }
 
-int32_t Context::embedding_size() const { return llama_model_n_embd_out(model_->get()); }
+int32_t Context::embedding_size() const {
+    // A reranker's (rank pooling) vector is its classification head's outputs, the score first.
+    return pooling_ == "rank" ? static_cast<int32_t>(llama_model_n_cls_out(model_->get()))
+                              : llama_model_n_embd_out(model_->get());
+}
 
 Stats Context::last_stats() const {
     std::lock_guard<std::mutex> lock(stats_mutex_);

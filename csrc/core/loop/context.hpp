@@ -97,10 +97,11 @@ public:
     // Whether creation ran the warm-up decodes (ContextParams::warmup; auto: any layer on a GPU).
     bool warmed_up() const { return warmed_up_; }
     const std::shared_ptr<const Model> & model() const { return model_; }
-    // An embeddings context's pooling as used ("mean", "cls" or "last": the one asked for,
-    // else the model's, else mean); "" for a generation context.
+    // An embeddings context's pooling as used ("mean", "cls", "last" or "rank": the one asked
+    // for, else the model's, else mean); "" for a generation context.
     const std::string & pooling() const { return pooling_; }
-    // The length of an embedding vector (llama_model_n_embd_out).
+    // The length of an embedding vector: llama_model_n_embd_out, or with "rank" pooling the
+    // classification head's outputs (llama_model_n_cls_out; the score is the first).
     int32_t embedding_size() const;
 
 private:

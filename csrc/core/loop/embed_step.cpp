@@ -104,7 +104,7 @@ void Scheduler::decode_embeddings(std::vector<Slot *> group) {
     }
     ++stats_.n_decode_calls;
     if (rc == 0) {
-        const auto n_embd = static_cast<size_t>(llama_model_n_embd_out(model_.get()));
+        const auto n_embd = static_cast<size_t>(embedding_size_);
         for (Slot * s : group) {
             const auto n_tokens = static_cast<int32_t>(s->prompt.size());
             s->completion.n_prompt_tokens = n_tokens;

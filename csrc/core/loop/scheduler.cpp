@@ -41,6 +41,7 @@ Scheduler::Scheduler(const Model & model, llama_context * ctx, llama_batch & bat
         slots_.back()->seq = i;
     }
     embeddings_ = options.embeddings;
+    embedding_size_ = options.embedding_size;
     plan_inputs_.resize(n_parallel);
     plan_.slots.reserve(n_parallel);
     if (policy_.share_prefixes || policy_.share_samples) {

@@ -84,6 +84,8 @@ struct SchedulerOptions {
     // An embeddings context (ContextParams::embeddings): every request is a text to embed,
     // decoded whole in one step (step_embeddings); n_batch is then one physical batch.
     bool embeddings = false;
+    // The floats of each text's pooled vector (Context::embedding_size).
+    int32_t embedding_size = 0;
 };
 
 struct Slot;  // slot.hpp
@@ -158,6 +160,7 @@ private:
     size_t prefill_rotation_ = 0;  // which slot's prompt goes first, for fairness
     int32_t decode_waits_ = 0;     // steps in a row the decoding slots have waited
     bool embeddings_ = false;      // SchedulerOptions::embeddings
+    int32_t embedding_size_ = 0;   // SchedulerOptions::embedding_size
     uint64_t n_admitted_ = 0;      // requests admitted so far: each slot's Slot::order
 };
 

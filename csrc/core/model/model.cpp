@@ -147,6 +147,44 @@ std::vector<llama_token> Model::tokenize(const std::string & text, bool parse_sp
     return tokens;
 }
 
+std::vector<llama_token> Model::rerank_prompt(const std::string & query, const std::string & document) const {
+    if (const char * tmpl = llama_model_chat_template(model_, "rerank")) {
+        std::string prompt = tmpl;
+        // Every {query}, then every {document} of the result, as llama-server fills them in.
+        const auto fill = [&prompt](const std::string & key, const std::string & value) {
+            for (size_t at = prompt.find(key); at != std::string::npos; at = prompt.find(key, at + value.size())) {
+                prompt.replace(at, key.size(), value);
+            }
+        };
+        fill("{query}", query);
+        fill("{document}", document);
+        return tokenize(prompt, /*parse_special=*/true, /*add_special=*/false);
+    }
+    // Without a template, the pair as the vocabulary marks sentences (EOS, else SEP, ends one).
+    llama_token eos = llama_vocab_eos(vocab_);
+    if (eos == LLAMA_TOKEN_NULL) {
+        eos = llama_vocab_sep(vocab_);
+    }
+    std::vector<llama_token> out;
+    if (llama_vocab_get_add_bos(vocab_)) {
+        out.push_back(llama_vocab_bos(vocab_));
+    }
+    const std::vector<llama_token> q = tokenize(query, false, false);
+    out.insert(out.end(), q.begin(), q.end());
+    if (llama_vocab_get_add_eos(vocab_)) {
+        out.push_back(eos);
+    }
+    if (llama_vocab_get_add_sep(vocab_)) {
+        out.push_back(llama_vocab_sep(vocab_));
+    }
+    const std::vector<llama_token> d = tokenize(document, false, false);
+    out.insert(out.end(), d.begin(), d.end());
+    if (llama_vocab_get_add_eos(vocab_)) {
+        out.push_back(eos);
+    }
+    return out;
+}
+
 bool Model::add_bos() const { return llama_vocab_get_add_bos(vocab_); }
 llama_token Model::token_bos() const { return llama_vocab_bos(vocab_); }
 llama_token Model::token_eos() const { return llama_vocab_eos(vocab_); }

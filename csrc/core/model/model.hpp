@@ -40,6 +40,10 @@ public:
     // becomes its special token (as prompts are fed), else plain text (llama-perplexity).
     // `add_special`: BOS/EOS as the vocabulary asks (off: the text's own tokens only).
     std::vector<llama_token> tokenize(const std::string & text, bool parse_special = true, bool add_special = true) const;
+    // The tokens a reranker scores for (query, document), as llama-server's /rerank makes
+    // them: the model's "rerank" template with {query} and {document} filled in when its
+    // GGUF has one, else [BOS] query [EOS] [SEP] document [EOS] as the vocabulary adds them.
+    std::vector<llama_token> rerank_prompt(const std::string & query, const std::string & document) const;
     // The bytes of one token (special tokens render empty); may be part of a UTF-8 character.
     std::string token_piece(llama_token token) const;
     // `messages` rendered with the model's chat template, the assistant turn opened.

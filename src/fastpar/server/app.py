@@ -8,8 +8,8 @@ The event loop never waits on generation: the engine's worker thread wakes it
 (``call_soon_threadsafe``) when a request has new text or has finished.
 
 Endpoints: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``POST /v1/embeddings``
-(an embeddings engine: ``fastpar serve --embeddings``), ``GET /v1/models``, ``GET /health``,
-``GET /metrics`` (docs/server.md).
+(an embeddings engine: ``fastpar serve --embeddings``), ``POST /v1/rerank`` (a reranker's:
+``--rerank``), ``GET /v1/models``, ``GET /health``, ``GET /metrics`` (docs/server.md).
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ from fastpar import Completion, Engine, Request
 from .protocol import N_CTX_PER_SEQ, RETRY_AFTER_S, APIError, Parsed, chunk_logprobs, failure, parse, prompt_failure
 from .protocol import SERVE_PREFIX_CACHE_MIB, prompt_tokens, response_body, usage
 from .embeddings import embeddings_endpoint
+from .rerank import RERANK_PATHS, rerank_endpoint
 
 __all__ = ["create_app", "serve"]
 
@@ -352,8 +353,9 @@ def create_app(engine: Union[Engine, Callable[[], Engine]], *, model_name: Optio
                     raise _shutting_down()
                 engine = state.ready()
                 if engine.embeddings:
-                    raise APIError(400, "this server serves embeddings (fastpar serve --embeddings): POST "
-                                        "/v1/embeddings, or start one without --embeddings to generate",
+                    what = ("reranks (fastpar serve --rerank): POST /v1/rerank" if engine.pooling == "rank" else
+                            "serves embeddings (fastpar serve --embeddings): POST /v1/embeddings")
+                    raise APIError(400, f"this server {what}, or start one without that option to generate",
                                    code="embeddings_only")
                 body = await _json_body(request)
                 req = parse(body, chat, engine.n_ctx_per_seq)
@@ -532,6 +534,8 @@ def create_app(engine: Union[Engine, Callable[[], Engine]], *, model_name: Optio
         Route("/v1/chat/completions", generation_endpoint(True), methods=["POST"]),
         Route("/v1/completions", generation_endpoint(False), methods=["POST"]),
         Route("/v1/embeddings", embeddings_endpoint(state, _error, _shutting_down, _json_body), methods=["POST"]),
+        *(Route(path, rerank_endpoint(state, _error, _shutting_down, _json_body), methods=["POST"])
+          for path in RERANK_PATHS),
         Route("/v1/models", models, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics_endpoint, methods=["GET"]),

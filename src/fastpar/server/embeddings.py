@@ -51,13 +51,13 @@ def _is_id(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool) and x >= 0
 
 
-async def embed_all(engine: Engine, texts: List[Text]) -> List[Any]:
+async def embed_all(engine: Engine, texts: List[Text], normalize: bool = True) -> List[Any]:
     """Submits every text and awaits every completion, in input order. A full queue is a 429
     (what was submitted is cancelled); leaving early (a disconnect) cancels the rest."""
     requests: List[Request] = []
     try:
         for t in texts:
-            requests.append(engine.submit_embedding(t))
+            requests.append(engine.submit_embedding(t, normalize=normalize))
     except QueueFull:
         for r in requests:
             r.cancel()
@@ -114,6 +114,9 @@ def embeddings_endpoint(state: Any, error: Callable[[APIError], Any], shutting_d
             if not engine.embeddings:
                 raise APIError(400, "this server generates: start fastpar serve with --embeddings to serve "
                                     "/v1/embeddings", code="embeddings_not_enabled")
+            if engine.pooling == "rank":
+                raise APIError(400, "this server reranks (fastpar serve --rerank): POST /v1/rerank, or start one "
+                                    "with --embeddings and an embedding model", code="embeddings_not_enabled")
             raw = await json_body(request)
             texts, fmt = parse_embeddings(raw, engine.embedding_size)
             completions = await embed_all(engine, texts)
