@@ -10,7 +10,7 @@ import subprocess
 import pytest
 
 import fastpar
-from conftest import ON_GPU
+from conftest import N_GPU_LAYERS, ON_GPU
 
 HERE = pathlib.Path(__file__).parent
 
@@ -136,3 +136,23 @@ def test_c_embed_equals_python_and_fails_bad_texts_alone(tmp_path_factory, model
             i, dim, *values = ln.split()[2:]
             assert int(dim) == rows.shape[1]
             assert np.allclose([float(v) for v in values], rows[int(i)][:3], atol=2e-6 if ON_GPU else 1e-7), ln
+
+
+def test_c_program_reranks_with_per_document_status(tmp_path_factory, tmp_path):
+    from embedding_models import make_bert
+
+    reranker = fastpar.Model(str(make_bert(tmp_path / "reranker.gguf", pooling="rank")), n_gpu_layers=N_GPU_LAYERS)
+    lines = run_c("capi_rerank", tmp_path_factory, reranker, "capi-rerank: ok")
+    errors = {int(ln.split()[2]): ln.split(" ", 3)[3] for ln in lines if ln.startswith("capi-rerank: error ")}
+    assert set(errors) == {5, 13}
+    assert errors[5] == "text is not valid UTF-8" and "tokens" in errors[13]
+    # The same pairs from Python (the invalid document replaced by one that is also refused
+    # before any batch), the same context options: the same batches, so the same scores to
+    # printing precision.
+    docs = [f"Document {i} says pandas eat bamboo {i % 7} times a day." for i in range(20)]
+    docs[5] = docs[13] = "wwww " * 800
+    want = fastpar.rerank(fastpar.Context(reranker, n_parallel=4, embeddings=True), "What do pandas eat?", docs)
+    scores = {int(ln.split()[2]): float(ln.split()[3]) for ln in lines if ln.startswith("capi-rerank: score ")}
+    assert sorted(scores) == [i for i in range(20) if i not in (5, 13)]
+    for i, v in scores.items():
+        assert abs(v - want[i]) <= (1e-4 if ON_GPU else 1e-6), (i, v, want[i])

@@ -62,7 +62,10 @@ def test_configure_finds_fastpar_through_python_or_fastpar_home(tmp_path):
 
 
 def test_r_cmd_check_passes_with_no_errors_or_warnings(tmp_path, model):
-    env = r_env(FASTPAR_TEST_MODEL=model.path, _R_CHECK_FORCE_SUGGESTS_="false")
+    from embedding_models import make_bert
+
+    reranker = make_bert(tmp_path / "reranker.gguf", pooling="rank")
+    env = r_env(FASTPAR_TEST_MODEL=model.path, FASTPAR_TEST_RERANKER=str(reranker), _R_CHECK_FORCE_SUGGESTS_="false")
     # The build knits the vignette (it runs its code on the default model); the check
     # knits it again ("re-building of vignette outputs").
     build = subprocess.run(["R", "CMD", "build", R_PACKAGE], cwd=tmp_path,

@@ -145,8 +145,8 @@ typedef struct fastpar_completion {
     int32_t * top_logprob_ids;  /* n_gen_tokens x k token ids: position i's k most likely tokens,
                                    most likely first, at [i * k, i * k + k) */
     float * top_logprob_values; /* their log-probabilities, laid out the same way */
-    float * embedding;          /* fastpar_embed: the text's n_embedding floats; NULL otherwise and
-                                   when the text failed */
+    float * embedding;          /* fastpar_embed: the text's n_embedding floats (fastpar_rerank: the
+                                   score first); NULL otherwise and when the text failed */
     int32_t n_embedding;
 } fastpar_completion;
 
@@ -229,6 +229,16 @@ FASTPAR_API fastpar_status fastpar_generate(fastpar_context * ctx, const fastpar
  * are computed; the call still returns FASTPAR_OK. With n_texts == 0, *results_out is NULL. */
 FASTPAR_API fastpar_status fastpar_embed(fastpar_context * ctx, const char * const * texts, int32_t n_texts,
                                          bool normalize, fastpar_completion ** results_out);
+/* Scores n_documents documents against query with a reranker context (embeddings = true,
+ * pooling "rank", which a reranker's GGUF names), each pair made as llama-server's /rerank
+ * makes it and all pairs in one unified batch; stores n_documents results in document order
+ * in *results_out: result i's embedding[0] is document i's relevance score (the model's
+ * classification output; n_embedding its outputs). A pair that cannot be scored (longer than
+ * one batch, a document not valid UTF-8) fails alone as in fastpar_embed. A query that is not
+ * valid UTF-8, or a context that does not rerank, is FASTPAR_ERR_INVALID_ARGUMENT. With
+ * n_documents == 0, *results_out is NULL. */
+FASTPAR_API fastpar_status fastpar_rerank(fastpar_context * ctx, const char * query, const char * const * documents,
+                                          int32_t n_documents, fastpar_completion ** results_out);
 /* n_results must be the count the call returned; a wrong one frees the whole array anyway
  * and sets fastpar_last_error(). */
 FASTPAR_API void fastpar_results_free(fastpar_completion * results, int32_t n_results);

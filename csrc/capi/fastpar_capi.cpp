@@ -21,26 +21,9 @@
 #include "core/loop/requests.hpp"
 #include "core/base/errors.hpp"
 #include "core/model/model.hpp"
+#include "capi_internal.hpp"
 
-struct fastpar_model {
-    std::shared_ptr<fastpar::Model> model;
-};
-
-struct fastpar_context {
-    std::unique_ptr<fastpar::Context> ctx;
-    fastpar_interrupt_fn interrupt = nullptr;  // fastpar_context_set_interrupt
-    void * interrupt_data = nullptr;
-
-    // The check passed to Context::generate: empty when none is set.
-    std::function<bool()> interrupt_check() const {
-        if (interrupt == nullptr) {
-            return {};
-        }
-        return [fn = interrupt, data = interrupt_data] { return fn(data); };
-    }
-};
-
-namespace {
+namespace fastpar_capi {
 
 thread_local std::string t_last_error;
 
@@ -48,50 +31,6 @@ fastpar_status fail(fastpar_status status, const std::string & message) {
     t_last_error = message;
     return status;
 }
-
-// The handles this library made and has not freed, each with its kind (for a results
-// array, also its length). Every call checks its handle here first, so a freed, foreign or
-// garbage pointer is an error status, and a second free does nothing, instead of a use
-// after free. The kind matters: the allocator may give a freed model's address to a new
-// context or results array, and that must not pass for a model. (A freed handle whose
-// address a new handle of the same kind took is that new handle; and freeing a handle while
-// another thread is inside a call with it remains the caller's error.)
-enum class Kind : uint8_t { Model, Context, Results };
-
-class Live {
-public:
-    void add(const void * p, Kind kind, int32_t n = 0) {
-        std::lock_guard<std::mutex> lock(mu_);
-        live_[p] = Handle{kind, n};
-    }
-    bool has(const void * p, Kind kind) const {
-        std::lock_guard<std::mutex> lock(mu_);
-        const auto it = live_.find(p);
-        return it != live_.end() && it->second.kind == kind;
-    }
-    // Removes `p` if it is a live handle of that kind; false otherwise. `n` receives a
-    // results array's length.
-    bool remove(const void * p, Kind kind, int32_t * n = nullptr) {
-        std::lock_guard<std::mutex> lock(mu_);
-        const auto it = live_.find(p);
-        if (it == live_.end() || it->second.kind != kind) {
-            return false;
-        }
-        if (n != nullptr) {
-            *n = it->second.n;
-        }
-        live_.erase(it);
-        return true;
-    }
-
-private:
-    struct Handle {
-        Kind kind;
-        int32_t n;
-    };
-    mutable std::mutex mu_;
-    std::unordered_map<const void *, Handle> live_;
-};
 
 Live & live() {
     static Live * l = new Live();  // never destroyed: frees may come from atexit handlers
@@ -114,28 +53,6 @@ void free_results(fastpar_completion * results, int32_t n_results) {
         std::free(results[i].embedding);
     }
     std::free(results);
-}
-
-template <typename F>
-fastpar_status guard(F && body) {
-    try {
-        t_last_error.clear();
-        return body();
-    } catch (const fastpar::FileNotFound & e) {
-        return fail(FASTPAR_ERR_NOT_FOUND, e.what());
-    } catch (const fastpar::ModelLoadError & e) {
-        return fail(FASTPAR_ERR_MODEL_LOAD, e.what());
-    } catch (const fastpar::Interrupted & e) {
-        return fail(FASTPAR_ERR_INTERRUPTED, e.what());
-    } catch (const std::invalid_argument & e) {
-        return fail(FASTPAR_ERR_INVALID_ARGUMENT, e.what());
-    } catch (const std::bad_alloc &) {
-        return fail(FASTPAR_ERR_OUT_OF_MEMORY, "out of memory");
-    } catch (const std::exception & e) {
-        return fail(FASTPAR_ERR_RUNTIME, e.what());
-    } catch (...) {
-        return fail(FASTPAR_ERR_RUNTIME, "unknown error");
-    }
 }
 
 char * dup_string(const std::string & s) {
@@ -341,7 +258,9 @@ std::vector<fastpar::Prompt> text_prompts(const char * const * texts, int32_t n,
     return in;
 }
 
-}  // namespace
+}  // namespace fastpar_capi
+
+using namespace fastpar_capi;
 
 extern "C" {
 
@@ -468,31 +387,6 @@ fastpar_status fastpar_generate_parallel(fastpar_context * ctx, const char * con
         }
         const std::vector<fastpar::Completion> out = ctx->ctx->generate(in, gp, ctx->interrupt_check());
         *results_out = to_c(out);
-        return FASTPAR_OK;
-    });
-}
-
-fastpar_status fastpar_embed(fastpar_context * ctx, const char * const * texts, int32_t n_texts, bool normalize,
-                             fastpar_completion ** results_out) {
-    return guard([&] {
-        if (ctx == nullptr || results_out == nullptr) {
-            return fail(FASTPAR_ERR_INVALID_ARGUMENT, "ctx and results_out must not be NULL");
-        }
-        if (!live().has(ctx, Kind::Context)) {
-            return not_live("ctx");
-        }
-        const std::vector<fastpar::Prompt> in = text_prompts(texts, n_texts, "texts");
-        if (!ctx->ctx->params().embeddings) {
-            return fail(FASTPAR_ERR_INVALID_ARGUMENT,
-                        "this context was made for generation: make one with embeddings = true to embed");
-        }
-        if (n_texts == 0) {
-            *results_out = nullptr;
-            return FASTPAR_OK;
-        }
-        fastpar::EmbedParams ep;
-        ep.normalize = normalize;
-        *results_out = to_c(ctx->ctx->embed(in, ep, ctx->interrupt_check()));
         return FASTPAR_OK;
     });
 }

@@ -519,10 +519,11 @@ static SEXP fastpar_r_generate(SEXP ctx_ptr, SEXP prompts, SEXP opts, SEXP per_p
     return out;
 }
 
-/* texts: a character vector (UTF-8); normalize: TRUE/FALSE. Returns list(rows = a numeric
+/* texts: a character vector (UTF-8); normalize: TRUE/FALSE; query: NULL, or a string whose
+ * pairs with the texts a reranker scores (fastpar_rerank). Returns list(rows = a numeric
  * matrix, one row per text (NA where a text failed), errors = a character vector (NA where
  * it did not), n_prompt_tokens, stats), NULL when interrupted, or a fastpar_failure. */
-static SEXP fastpar_r_embed(SEXP ctx_ptr, SEXP texts, SEXP normalize) {
+static SEXP fastpar_r_embed(SEXP ctx_ptr, SEXP texts, SEXP normalize, SEXP query) {
     fastpar_context * ctx = (fastpar_context *) handle(ctx_ptr, context_tag(), "context");
     const R_xlen_t n = Rf_xlength(texts);
     const char ** in = (const char **) R_alloc((size_t) n + 1, sizeof(char *));
@@ -534,7 +535,10 @@ static SEXP fastpar_r_embed(SEXP ctx_ptr, SEXP texts, SEXP normalize) {
     SEXP held = PROTECT(owner(R_NilValue, count, results_finalizer));
     fastpar_completion * results = NULL;
     g_next_poll = 0.0;
-    const fastpar_status st = fastpar_embed(ctx, in, (int32_t) n, LOGICAL(normalize)[0] == TRUE, &results);
+    const fastpar_status st =
+        query == R_NilValue
+            ? fastpar_embed(ctx, in, (int32_t) n, LOGICAL(normalize)[0] == TRUE, &results)
+            : fastpar_rerank(ctx, Rf_translateCharUTF8(STRING_ELT(query, 0)), in, (int32_t) n, &results);
     if (st == FASTPAR_ERR_INTERRUPTED) {
         UNPROTECT(2);
         return R_NilValue;
@@ -584,7 +588,7 @@ static const R_CallMethodDef call_methods[] = {
     {"fastpar_r_is_live", (DL_FUNC) &fastpar_r_is_live, 1},
     {"fastpar_r_last_stats", (DL_FUNC) &fastpar_r_last_stats, 1},
     {"fastpar_r_generate", (DL_FUNC) &fastpar_r_generate, 4},
-    {"fastpar_r_embed", (DL_FUNC) &fastpar_r_embed, 3},
+    {"fastpar_r_embed", (DL_FUNC) &fastpar_r_embed, 4},
     {NULL, NULL, 0},
 };
 

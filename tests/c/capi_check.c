@@ -6,15 +6,8 @@
 
 #include "fastpar.h"
 
-#define CHECK(cond, ...)                                             \
-    do {                                                             \
-        if (!(cond)) {                                               \
-            fprintf(stderr, "capi FAIL line %d: ", __LINE__);       \
-            fprintf(stderr, __VA_ARGS__);                            \
-            fprintf(stderr, " (last error: %s)\n", fastpar_last_error()); \
-            return 1;                                                \
-        }                                                            \
-    } while (0)
+#define CHECK_PREFIX "capi"
+#include "check.h"
 
 /* Defined only when AddressSanitizer's runtime is in the process (scripts/sanitize.sh
    preloads it). ASan keeps freed memory in quarantine, so resident memory grows under it

@@ -9,15 +9,8 @@
 
 #include "fastpar.h"
 
-#define CHECK(cond, ...)                                                  \
-    do {                                                                  \
-        if (!(cond)) {                                                    \
-            fprintf(stderr, "capi-embed FAIL line %d: ", __LINE__);      \
-            fprintf(stderr, __VA_ARGS__);                                 \
-            fprintf(stderr, " (last error: %s)\n", fastpar_last_error()); \
-            return 1;                                                     \
-        }                                                                 \
-    } while (0)
+#define CHECK_PREFIX "capi-embed"
+#include "check.h"
 
 #define N_TEXTS 100
 

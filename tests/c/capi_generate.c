@@ -7,15 +7,8 @@
 
 #include "fastpar.h"
 
-#define CHECK(cond, ...)                                                  \
-    do {                                                                  \
-        if (!(cond)) {                                                    \
-            fprintf(stderr, "capi-gen FAIL line %d: ", __LINE__);        \
-            fprintf(stderr, __VA_ARGS__);                                 \
-            fprintf(stderr, " (last error: %s)\n", fastpar_last_error()); \
-            return 1;                                                     \
-        }                                                                 \
-    } while (0)
+#define CHECK_PREFIX "capi-gen"
+#include "check.h"
 
 /* An interrupt check that fires at its (limit + 1)-th poll. */
 static int g_polls;

@@ -12,15 +12,8 @@
 
 #include "fastpar.h"
 
-#define CHECK(cond, ...)                                                  \
-    do {                                                                  \
-        if (!(cond)) {                                                    \
-            fprintf(stderr, "robust FAIL line %d: ", __LINE__);          \
-            fprintf(stderr, __VA_ARGS__);                                 \
-            fprintf(stderr, " (last error: %s)\n", fastpar_last_error()); \
-            return 1;                                                     \
-        }                                                                 \
-    } while (0)
+#define CHECK_PREFIX "robust"
+#include "check.h"
 
 /* An error status with a message. */
 #define FAILS(call, status, what)                                                                  \

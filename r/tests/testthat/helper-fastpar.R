@@ -18,6 +18,28 @@ test_model <- function() {
   cache$model
 }
 
+# A reranker GGUF (a BERT-kind model with bge-reranker's head, random weights): the file
+# $FASTPAR_TEST_RERANKER names (tests/test_r_package.py makes one), else one made here with
+# fastpar's tests/embedding_models.py when this runs from fastpar's source tree.
+test_reranker <- function() {
+  if (is.null(cache$reranker)) {
+    path <- Sys.getenv("FASTPAR_TEST_RERANKER")
+    if (!nzchar(path) || !file.exists(path)) {
+      repo_tests <- normalizePath(file.path(test_path(), "..", "..", "..", "tests"), mustWork = FALSE)
+      if (!file.exists(file.path(repo_tests, "embedding_models.py"))) {
+        skip("no reranker: set FASTPAR_TEST_RERANKER, or run from fastpar's source tree")
+      }
+      path <- file.path(tempdir(), "fastpar-test-reranker.gguf")
+      make <- paste("import pathlib, sys", "sys.path.insert(0, sys.argv[1])",
+                    "from embedding_models import make_bert", "make_bert(pathlib.Path(sys.argv[2]), pooling='rank')",
+                    sep = "\n")
+      system2(python(), c("-c", shQuote(make), shQuote(repo_tests), shQuote(path)))
+    }
+    cache$reranker <- path
+  }
+  cache$reranker
+}
+
 test_context <- function(n_parallel = 4, n_ctx_per_seq = 512) {
   key <- paste("ctx", n_parallel, n_ctx_per_seq)
   if (is.null(cache[[key]])) cache[[key]] <- fastpar_context(test_model(), n_parallel, n_ctx_per_seq)

@@ -36,3 +36,24 @@ test_that("a text that cannot be embedded fails alone, and contexts are made for
   expect_match(conditionMessage(e), "made for embeddings")
   expect_error(fastpar_context(test_model(), embeddings = TRUE, pooling = "max"), "pooling must be one of")
 })
+
+test_that("rerank scores every document as Python's fastpar.rerank does, a bad pair alone", {
+  path <- test_reranker()
+  ctx <- fastpar_context(fastpar_model(path), n_parallel = 4, embeddings = TRUE)
+  query <- "What do pandas eat?"
+  docs <- c("Pandas eat bamboo.", "Paris is in France.", strrep("w ", 700), "Bamboo grows fast.")
+  scores <- rerank(ctx, query, docs)
+  expect_true(is.double(scores) && length(scores) == 4L)
+  errors <- attr(scores, "errors")
+  expect_true(is.na(scores[3]) && all(is.finite(scores[-3])))
+  expect_match(errors[3], "tokens")
+  expect_true(all(is.na(errors[-3])))
+  code <- paste("import fastpar, sys",
+                "ctx = fastpar.Context(fastpar.Model(sys.argv[1]), n_parallel=4, embeddings=True)",
+                "print(' '.join('%.9g' % v for v in fastpar.rerank(ctx, sys.argv[2], sys.argv[3:])))", sep = "\n")
+  out <- system2(python(), c("-c", shQuote(code), shQuote(path), shQuote(query), shQuote(docs)), stdout = TRUE)
+  py <- as.numeric(strsplit(out[length(out)], " ")[[1]])
+  expect_equal(scores[-3], py[-3], tolerance = 1e-6)
+  e <- tryCatch(rerank(test_context(), query, docs), error = function(e) e)
+  expect_match(conditionMessage(e), "does not rerank")
+})
