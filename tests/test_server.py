@@ -247,6 +247,22 @@ def test_response_format(client):
     assert isinstance(json.loads(r.choices[0].message.content), dict)
 
 
+def test_guided_choice(client):
+    # vLLM's extra field: every choice is one of the labels, at any temperature.
+    labels = ["red", "green", 'blue "sky"']
+    r = client.chat.completions.create(model="smol", messages=CHAT, max_tokens=32, temperature=1.0, seed=2, n=6,
+                                       extra_body={"guided_choice": labels})
+    assert all(c.message.content in labels and c.finish_reason == "stop" for c in r.choices), r.choices
+    r = client.completions.create(model="smol", prompt="My favourite colour is", max_tokens=32, temperature=0,
+                                  extra_body={"guided_choice": labels})
+    assert r.choices[0].text in labels
+    for extra in ({"guided_choice": []}, {"guided_choice": ["a", ""]}, {"guided_choice": "red"},
+                  {"guided_choice": ["a"], "response_format": {"type": "json_object"}}):
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(model="smol", messages=CHAT, max_tokens=4, extra_body=extra)
+        assert e.value.param == "guided_choice", e.value.body
+
+
 @pytest.mark.parametrize("extra, param", [
     ({"temperature": 3}, "temperature"),
     ({"max_tokens": "ten"}, "max_tokens"),

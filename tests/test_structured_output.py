@@ -58,6 +58,25 @@ def test_grammar_yes_no(ctx):
     assert all(c.finish_reason == "stop" and c.text in ("yes", "no") for c in out), [c.text for c in out]
 
 
+def test_choice_outputs_are_exactly_the_labels(ctx):
+    # Labels a GBNF literal must escape (a quote, a backslash, a newline) and one beyond ASCII;
+    # sampled at temperature 1, so every label is reachable and none other may appear.
+    labels = ["positive", "negative", 'a "quoted" one', "back\\slash\nnewline", "très bien"]
+    prompts = [f"Review {i}: {'great' if i % 3 else 'awful'} product. Sentiment:" for i in range(200)]
+    out = fastpar.generate_parallel(ctx, prompts, choice=labels, temperature=1.0, top_k=0, seed=5, max_tokens=16)
+    assert all(c.finish_reason == "stop" and c.text in labels for c in out), {c.text for c in out} - set(labels)
+    assert len({c.text for c in out}) >= 2  # sampled, not one forced answer
+    greedy = fastpar.generate_parallel(ctx, prompts[:4], choice=["yes", "no"], temperature=0.0, max_tokens=4)
+    assert all(c.text in ("yes", "no") for c in greedy)
+    for bad, error, match in (({"choice": []}, ValueError, "choice is empty"),
+                              ({"choice": "yes"}, TypeError, "list of str"),
+                              ({"choice": ["a", ""]}, ValueError, r"choice\[1\] is empty"),
+                              ({"choice": ["a"], "grammar": 'root ::= "a"'}, ValueError, "one constraint"),
+                              ({"choice": ["a"], "json_schema": {"enum": ["a"]}}, ValueError, "one constraint")):
+        with pytest.raises(error, match=match):
+            fastpar.generate_parallel(ctx, prompts[:1], **bad)
+
+
 def test_invalid_grammar_fails_alone(model):
     good = params(max_tokens=6, temperature=0.0, grammar='root ::= [a-z]+ " " [0-9]')
     bad = params(max_tokens=6, temperature=0.0, grammar='root ::= ( "a" ')

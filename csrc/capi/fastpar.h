@@ -114,7 +114,10 @@ typedef struct fastpar_generate_params {
                                   sample j seeded seed + j */
     int32_t top_logprobs;      /* 0..20: fill fastpar_completion.top_logprob_ids / _values */
     const char * json_schema;  /* JSON schema every output validates against, or NULL */
-    const char * grammar;      /* GBNF grammar every output matches, or NULL (not both) */
+    const char * grammar;      /* GBNF grammar every output matches, or NULL */
+    const char * const * choice; /* n_choice non-empty strings, one of which is every output, or
+                                    NULL; at most one of json_schema, grammar and choice */
+    int32_t n_choice;
 } fastpar_generate_params;
 
 /* One chat message; a prompt of messages is rendered with the model's own chat template. */

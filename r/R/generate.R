@@ -28,7 +28,9 @@
 #' @param n Samples per prompt: the prompt is decoded once, and the result has `n` rows
 #'   for it.
 #' @param ... Further options by name: `grammar` (GBNF text, `NA` for none; not with
-#'   `json_schema`), `logprobs` (`TRUE` adds a list column `logprobs`, the log-probability
+#'   `json_schema`), `choice` (the outputs allowed, each output exactly one of them: a
+#'   character vector for every prompt, or a list with one per prompt; not with
+#'   `json_schema` or `grammar`), `logprobs` (`TRUE` adds a list column `logprobs`, the log-probability
 #'   of every generated token), `top_logprobs` (`k` from 1 to 20 adds a list column
 #'   `top_logprobs`: for each row a list of two matrices with a row per generated token and
 #'   its `k` most likely tokens in columns, best first: `token_ids` (integer) and
@@ -89,7 +91,7 @@ generate_parallel <- function(ctx, prompts, max_tokens = NULL, temperature = NUL
   defaults <- .Call(C_fastpar_r_default_params)$generate
   opts <- list()
   for (name in c(names(defaults), setdiff(.options("generate"), names(defaults)))) {
-    opts[name] <- list(if (name == "stop") .stop(given[[name]], k) else
+    opts[name] <- list(if (name %in% c("stop", "choice")) .strings(given[[name]], k, name) else
       .per_prompt(given[[name]], name, k, .kind(name, defaults[[name]])))
   }
   opts <- opts[!vapply(opts, is.null, TRUE)]
@@ -113,7 +115,7 @@ generate_parallel <- function(ctx, prompts, max_tokens = NULL, temperature = NUL
   model = character(),
   context = c("n_batch", "device_sampling", "warmup", "kv_unified", "share_prefixes", "type_k", "type_v",
               "prefix_cache_mib", "prefix_cache_dir", "embeddings", "pooling"),
-  generate = c("grammar", "logprobs", "top_logprobs", "presence_penalty", "frequency_penalty", "repeat_last_n")
+  generate = c("grammar", "choice", "logprobs", "top_logprobs", "presence_penalty", "frequency_penalty", "repeat_last_n")
 )
 
 .options <- function(what) {
@@ -201,15 +203,15 @@ generate_parallel <- function(ctx, prompts, max_tokens = NULL, temperature = NUL
   switch(type, int = as.integer(x), seed = as.double(x), num = as.double(x), lgl = x, chr = enc2utf8(unname(x)))
 }
 
-# Stop strings: a character vector for all prompts, or a list with one per prompt.
-.stop <- function(stop, k) {
-  if (is.null(stop)) return(NULL)
-  if (is.character(stop)) stop <- list(stop)
-  if (!is.list(stop) || !all(vapply(stop, function(s) is.character(s) && !anyNA(s), TRUE))) {
-    stop("stop must be a character vector, or a list of character vectors (one per prompt)", call. = FALSE)
+# Stop strings or choices: a character vector for all prompts, or a list with one per prompt.
+.strings <- function(x, k, what) {
+  if (is.null(x)) return(NULL)
+  if (is.character(x)) x <- list(x)
+  if (!is.list(x) || !all(vapply(x, function(s) is.character(s) && !anyNA(s), TRUE))) {
+    stop(what, " must be a character vector, or a list of character vectors (one per prompt)", call. = FALSE)
   }
-  if (length(stop) != 1 && length(stop) != k) {
-    stop("stop must be one character vector or one per prompt (", k, "), got ", length(stop), call. = FALSE)
+  if (length(x) != 1 && length(x) != k) {
+    stop(what, " must be one character vector or one per prompt (", k, "), got ", length(x), call. = FALSE)
   }
-  stop
+  x
 }

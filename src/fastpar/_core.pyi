@@ -163,6 +163,12 @@ class GenerateParams:
         Raises ValueError naming the first option out of range.
         """
     @property
+    def choice(self) -> list[str]:
+        ...
+    @choice.setter
+    def choice(self, arg0: collections.abc.Sequence[str]) -> None:
+        ...
+    @property
     def frequency_penalty(self) -> float:
         ...
     @frequency_penalty.setter

@@ -189,7 +189,8 @@ class SamplingParams:
     ``top_logprobs`` (0-20: the k most likely tokens at each generated position),
     ``n`` (samples of the prompt: decoded once, sample j seeded ``seed + j``),
     ``json_schema`` (a dict or a JSON string, kept as JSON text: every output validates
-    against it) and ``grammar`` (GBNF text every output matches); not both.
+    against it), ``grammar`` (GBNF text every output matches) and ``choice`` (a sequence of
+    non-empty str, kept as a tuple: every output is exactly one of them); one of the three.
     ``prompt_logprobs``: each prompt token's log-probability given the tokens before it, in
     ``Completion.prompt_logprobs`` (None for the first token; ``prompt_token_ids`` and
     ``prompt_greedy`` beside it; with ``top_logprobs`` also ``prompt_top_logprobs``).
@@ -214,6 +215,7 @@ class SamplingParams:
     n: int = _default("n")
     json_schema: Optional[str] = None
     grammar: Optional[str] = None
+    choice: Optional[Tuple[str, ...]] = None
     prompt_logprobs: bool = _default("prompt_logprobs")
 
     def __post_init__(self) -> None:
@@ -242,8 +244,16 @@ class SamplingParams:
                 raise TypeError(f"grammar must be a str of GBNF or None, got {type(self.grammar).__name__}")
             if not self.grammar.strip():
                 raise ValueError("grammar is empty; pass None for no grammar")
-        if self.json_schema is not None and self.grammar is not None:
-            raise ValueError("json_schema and grammar were both given; a prompt takes one constraint")
+        choice = self.choice
+        if choice is not None:
+            if isinstance(choice, str) or not isinstance(choice, Sequence) or not all(isinstance(x, str) for x in choice):
+                raise TypeError("choice must be a list of str (the outputs allowed)")
+            if not choice:
+                raise ValueError("choice is empty; pass None for no choice")
+            object.__setattr__(self, "choice", tuple(choice))
+        given = [name for name in ("json_schema", "grammar", "choice") if getattr(self, name) is not None]
+        if len(given) > 1:
+            raise ValueError(f"{' and '.join(given)} were both given; a prompt takes one constraint")
         object.__setattr__(self, "_params", _to_core(self))
 
     @classmethod
@@ -271,6 +281,9 @@ def _to_core(sp: SamplingParams) -> _core.GenerateParams:
             if value is not None:
                 stops = [value] if isinstance(value, str) else value
                 params.stop = [_text(s, "stop") for s in stops]
+        elif name == "choice":
+            if value is not None:
+                params.choice = [_text(c, "choice") for c in value]
         elif name in ("json_schema", "grammar"):
             if value is not None:
                 setattr(params, name, _text(value, name))
@@ -283,7 +296,8 @@ def _to_core(sp: SamplingParams) -> _core.GenerateParams:
 #: The generation options every entry point takes as keywords: SamplingParams' fields, with
 #: their defaults and, for signatures and help(), the types a keyword accepts (stop and
 #: json_schema take more than the field keeps).
-_KEYWORD_TYPES = {"stop": Union[None, str, Sequence[str]], "json_schema": Union[None, str, Mapping[str, Any]]}
+_KEYWORD_TYPES = {"stop": Union[None, str, Sequence[str]], "json_schema": Union[None, str, Mapping[str, Any]],
+                  "choice": Optional[Sequence[str]]}
 _HINTS = typing.get_type_hints(SamplingParams)
 _OPTIONS = {field.name: (field.default, _KEYWORD_TYPES.get(field.name, _HINTS[field.name]))
             for field in dataclasses.fields(SamplingParams)}

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "core/base/errors.hpp"
+#include "core/base/text.hpp"
 
 namespace fastpar {
 namespace {
@@ -142,8 +143,17 @@ void validate(const GenerateParams & p) {
         bad("top_logprobs must be in [0, " + std::to_string(kMaxTopLogprobs) + "], got " +
             std::to_string(p.top_logprobs));
     }
-    if (!p.json_schema.empty() && !p.grammar.empty()) {
-        bad("json_schema and grammar are two ways to constrain the output: give one of them");
+    if (static_cast<int>(!p.json_schema.empty()) + static_cast<int>(!p.grammar.empty()) +
+            static_cast<int>(!p.choice.empty()) > 1) {
+        bad("json_schema, grammar and choice are three ways to constrain the output: give one of them");
+    }
+    for (size_t i = 0; i < p.choice.size(); ++i) {
+        if (p.choice[i].empty()) {
+            bad("choice[" + std::to_string(i) + "] is empty: every choice must be a non-empty string");
+        }
+        if (utf8_sanitize(p.choice[i]) != p.choice[i]) {
+            bad("choice[" + std::to_string(i) + "] is not valid UTF-8");
+        }
     }
 }
 

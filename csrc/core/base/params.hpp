@@ -127,6 +127,8 @@ struct GenerateParams {
     int32_t top_logprobs = 0;     // 0..20: the k most likely tokens and their log-probabilities at each position
     std::string json_schema;      // a JSON schema every output must validate against ("": none)
     std::string grammar;          // a GBNF grammar every output must match ("": none)
+    // The output is exactly one of these strings (a grammar of their alternatives; empty: none).
+    std::vector<std::string> choice;
     // Scoring: each prompt token's log-probability given the tokens before it, in
     // Completion::prompt_logprobs. With max_tokens = 0 the prompt is scored and nothing is
     // generated (its last token is then never decoded: no logits are needed after it).

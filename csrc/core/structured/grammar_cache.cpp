@@ -33,7 +33,9 @@ GrammarPtr GrammarCache::make(const GenerateParams & params) {
             e.token_terminals = has_token_terminals(*e.compiled);
             e.cuts = std::make_shared<const std::vector<uint64_t>>(char_cuts(*e.compiled));
         } else {
-            e.error = std::string(params.grammar.empty() ? "the grammar converted from json_schema" : "grammar") +
+            e.error = std::string(!params.grammar.empty() ? "grammar"
+                                  : !params.choice.empty() ? "the grammar made from choice"
+                                                           : "the grammar converted from json_schema") +
                       " does not compile: it does not parse as GBNF, names an undefined rule, is left-recursive"
                       " or has no 'root' rule (llama.cpp's message is on stderr)";
         }

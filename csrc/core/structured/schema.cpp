@@ -228,9 +228,36 @@ void validate_json_schema(const std::string & schema) {
     }
 }
 
+std::string choice_grammar(const std::vector<std::string> & choices) {
+    // GBNF literals escape the quote, the backslash and control bytes; other UTF-8 stays as it is.
+    static const char * const kHex = "0123456789ABCDEF";
+    std::string out = "root ::=";
+    for (size_t i = 0; i < choices.size(); ++i) {
+        out += i == 0 ? " \"" : " | \"";
+        for (const char ch : choices[i]) {
+            const auto c = static_cast<unsigned char>(ch);
+            if (c == '"' || c == '\\') {
+                out += '\\';
+                out += ch;
+            } else if (c < 0x20 || c == 0x7F) {
+                out += "\\x";
+                out += kHex[c >> 4];
+                out += kHex[c & 0xF];
+            } else {
+                out += ch;
+            }
+        }
+        out += '"';
+    }
+    return out + "\n";
+}
+
 std::string constraint_grammar(const GenerateParams & params) {
     if (!params.grammar.empty()) {
         return params.grammar;
+    }
+    if (!params.choice.empty()) {
+        return choice_grammar(params.choice);
     }
     Converted c = converted(params.json_schema);
     if (!c.error.empty()) {

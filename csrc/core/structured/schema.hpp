@@ -4,21 +4,27 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "core/base/params.hpp"
 
 namespace fastpar {
 
-inline bool constrained(const GenerateParams & params) { return !params.json_schema.empty() || !params.grammar.empty(); }
+inline bool constrained(const GenerateParams & params) {
+    return !params.json_schema.empty() || !params.grammar.empty() || !params.choice.empty();
+}
 
 // Throws InvalidArgument when `schema` is not JSON, uses a feature outside the supported
 // list (naming it and where), or the converter cannot turn it into a grammar. What it
 // converts is kept (by text), so checking every prompt of a call costs one conversion.
 void validate_json_schema(const std::string & schema);
 
-// The GBNF that constrains `params`: its grammar, or its JSON schema converted (a schema
-// that validate_json_schema rejects throws InvalidArgument).
+// The GBNF that constrains `params`: its grammar, its choices as alternatives of literals, or
+// its JSON schema converted (a schema that validate_json_schema rejects throws InvalidArgument).
 std::string constraint_grammar(const GenerateParams & params);
+
+// GBNF whose root is exactly one of `choices` (non-empty strings), each a literal.
+std::string choice_grammar(const std::vector<std::string> & choices);
 
 // One conversion of `schema` to GBNF, checked as validate_json_schema checks it, and not
 // kept: what the two functions above cost the first time they see a schema.

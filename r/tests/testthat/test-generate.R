@@ -146,3 +146,15 @@ test_that("Ctrl-C cancels the call and leaves the context clean", {
   after <- generate_parallel(ctx, prompts, max_tokens = 16, temperature = 0)
   expect_identical(after$token_ids, before$token_ids)
 })
+
+test_that("choice makes every output one of the labels, per prompt or for all", {
+  ctx <- test_context()
+  labels <- c("yes", "no", "maybe so")
+  out <- generate_parallel(ctx, c("Is the sky blue?", "Is fire cold?", "Is 2 > 1?"), choice = labels,
+                           temperature = 1, seed = 4, max_tokens = 8)
+  expect_true(all(out$text %in% labels))
+  out <- generate_parallel(ctx, c("Colour?", "Number?"), choice = list(c("red", "blue"), c("one", "two")),
+                           temperature = 1, seed = 4, max_tokens = 8)
+  expect_true(out$text[1] %in% c("red", "blue") && out$text[2] %in% c("one", "two"))
+  expect_error(generate_parallel(ctx, "Hi", choice = list("a", "b", "c")), "one per prompt")
+})

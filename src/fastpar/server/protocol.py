@@ -190,11 +190,20 @@ def _sampling(body: Mapping, chat: bool, n_ctx_per_seq: int) -> Tuple[Dict[str, 
                                               "'json_schema': {'name': ..., 'schema': {...}} with a JSON schema object"
                                               " (for any JSON object: {'type': 'json_object'})")
             opts["json_schema"] = dict(schema)
+    # vLLM's extra field: the output is exactly one of these strings.
+    choice = body.get("guided_choice")
+    if choice is not None:
+        if not isinstance(choice, list) or not choice or not all(isinstance(c, str) and c for c in choice):
+            raise _bad("guided_choice", "'guided_choice' must be a non-empty list of non-empty strings")
+        if "json_schema" in opts:
+            raise _bad("guided_choice", "'guided_choice' and 'response_format' both constrain the output: give one")
+        opts["choice"] = choice
     return opts, n, n_top
 
 
 def _param_of(message: str, default: str) -> str:
-    names = {"json_schema": "response_format", "grammar": "response_format", "stop": "stop", "seed": "seed",
+    names = {"json_schema": "response_format", "grammar": "response_format", "choice": "guided_choice",
+             "stop": "stop", "seed": "seed",
              "top_logprobs": "top_logprobs", "max_tokens": "max_tokens", "temperature": "temperature",
              "top_p": "top_p", "top_k": "top_k", "min_p": "min_p"}
     for key, param in names.items():
