@@ -159,6 +159,30 @@ def test_a_burst_takes_the_free_slots_before_the_queue(model):
         assert e.generate("x", max_tokens=1).n_gen_tokens == 1  # room again
 
 
+def test_a_lower_priority_value_takes_the_next_free_slot(model):
+    # One slot, held by a long request; 64 requests wait, then one with priority -1 comes:
+    # it starts as soon as the slot frees, before every one queued earlier, and those start
+    # in the order they came (first come first served among equals).
+    with fastpar.Engine(model, n_parallel=1, n_ctx_per_seq=256) as e:
+        blocker = e.submit("Once upon a time", max_tokens=24, ignore_eos=True, **GREEDY)
+        waiting, submitted = [], []
+        for i in range(64):
+            submitted.append(time.monotonic())
+            waiting.append(e.submit(f"Item {i}:", max_tokens=2, ignore_eos=True, **GREEDY))
+        t_urgent = time.monotonic()
+        urgent = e.submit("Urgent:", max_tokens=2, ignore_eos=True, priority=-1, **GREEDY)
+        blocker.result(timeout=120)
+        first = urgent.result(timeout=120)
+        starts = [t + r.result(timeout=120).t_queued_ms / 1e3 for t, r in zip(submitted, waiting)]
+        assert t_urgent + first.t_queued_ms / 1e3 < min(starts)
+        assert starts == sorted(starts)
+    # The same order within one call: per-prompt priorities on one slot.
+    ctx = fastpar.Context(model, n_parallel=1, n_ctx_per_seq=256)
+    params = [fastpar.SamplingParams(max_tokens=2, priority=p, **GREEDY) for p in (0, 5, -3, 0)]
+    out = fastpar.generate_parallel(ctx, ["A", "B", "C", "D"], params=params)
+    assert sorted(range(4), key=lambda i: out[i].t_queued_ms) == [2, 0, 3, 1]
+
+
 def test_blocking_submit_waits_for_room(model):
     long = dict(max_tokens=200, ignore_eos=True, **GREEDY)
     with fastpar.Engine(model, n_parallel=1, n_ctx_per_seq=256, max_queued=1) as e:

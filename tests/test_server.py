@@ -263,6 +263,17 @@ def test_guided_choice(client):
         assert e.value.param == "guided_choice", e.value.body
 
 
+def test_priority_field(client):
+    # vLLM's field, passed to the engine's queue (its order: test_engine.py).
+    r = client.completions.create(model="smol", prompt="Hello", max_tokens=2, temperature=0,
+                                  extra_body={"priority": -5})
+    assert r.choices[0].finish_reason == "length"
+    for bad in ("high", 1.5, 1 << 40):
+        with pytest.raises(openai.BadRequestError) as e:
+            client.completions.create(model="smol", prompt="Hello", max_tokens=2, extra_body={"priority": bad})
+        assert e.value.param == "priority", e.value.body
+
+
 @pytest.mark.parametrize("extra, param", [
     ({"temperature": 3}, "temperature"),
     ({"max_tokens": "ten"}, "max_tokens"),

@@ -118,6 +118,8 @@ typedef struct fastpar_generate_params {
     const char * const * choice; /* n_choice non-empty strings, one of which is every output, or
                                     NULL; at most one of json_schema, grammar and choice */
     int32_t n_choice;
+    int32_t priority;          /* lowest first: which queued prompt takes a free slot first
+                                  (first come first served among equals); 0 by default */
 } fastpar_generate_params;
 
 /* One chat message; a prompt of messages is rendered with the model's own chat template. */

@@ -76,6 +76,7 @@
     X(json_schema,          STRING,  1, 1, 1)                               \
     X(grammar,              STRING,  1, 1, 1)                               \
     X(choice,               STRINGS, 1, 1, 1)                               \
+    X(priority,             INT32,   1, 1, 1)                               \
     X(prompt_logprobs,      BOOL,    0, 1, 0)                               \
     X(prompt_logprobs_from, INT32,   0, 0, 0)
 

@@ -30,7 +30,8 @@
 #' @param ... Further options by name: `grammar` (GBNF text, `NA` for none; not with
 #'   `json_schema`), `choice` (the outputs allowed, each output exactly one of them: a
 #'   character vector for every prompt, or a list with one per prompt; not with
-#'   `json_schema` or `grammar`), `logprobs` (`TRUE` adds a list column `logprobs`, the log-probability
+#'   `json_schema` or `grammar`), `priority` (which queued prompt takes a free slot first:
+#'   the lowest value, first come first served among equals), `logprobs` (`TRUE` adds a list column `logprobs`, the log-probability
 #'   of every generated token), `top_logprobs` (`k` from 1 to 20 adds a list column
 #'   `top_logprobs`: for each row a list of two matrices with a row per generated token and
 #'   its `k` most likely tokens in columns, best first: `token_ids` (integer) and
@@ -115,7 +116,7 @@ generate_parallel <- function(ctx, prompts, max_tokens = NULL, temperature = NUL
   model = character(),
   context = c("n_batch", "device_sampling", "warmup", "kv_unified", "share_prefixes", "type_k", "type_v",
               "prefix_cache_mib", "prefix_cache_dir", "embeddings", "pooling"),
-  generate = c("grammar", "choice", "logprobs", "top_logprobs", "presence_penalty", "frequency_penalty", "repeat_last_n")
+  generate = c("grammar", "choice", "priority", "logprobs", "top_logprobs", "presence_penalty", "frequency_penalty", "repeat_last_n")
 )
 
 .options <- function(what) {

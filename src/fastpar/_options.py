@@ -191,6 +191,8 @@ class SamplingParams:
     ``json_schema`` (a dict or a JSON string, kept as JSON text: every output validates
     against it), ``grammar`` (GBNF text every output matches) and ``choice`` (a sequence of
     non-empty str, kept as a tuple: every output is exactly one of them); one of the three.
+    ``priority``: which queued prompt takes a free slot first, the lowest value (first come
+    first served among equals); a running prompt is never stopped for another.
     ``prompt_logprobs``: each prompt token's log-probability given the tokens before it, in
     ``Completion.prompt_logprobs`` (None for the first token; ``prompt_token_ids`` and
     ``prompt_greedy`` beside it; with ``top_logprobs`` also ``prompt_top_logprobs``).
@@ -216,6 +218,7 @@ class SamplingParams:
     json_schema: Optional[str] = None
     grammar: Optional[str] = None
     choice: Optional[Tuple[str, ...]] = None
+    priority: int = _default("priority")
     prompt_logprobs: bool = _default("prompt_logprobs")
 
     def __post_init__(self) -> None:

@@ -129,6 +129,9 @@ struct GenerateParams {
     std::string grammar;          // a GBNF grammar every output must match ("": none)
     // The output is exactly one of these strings (a grammar of their alternatives; empty: none).
     std::vector<std::string> choice;
+    // Which queued request takes a free slot first: the lowest value, first come first served
+    // among equals (vLLM's priority). A running request is never stopped for another.
+    int32_t priority = 0;
     // Scoring: each prompt token's log-probability given the tokens before it, in
     // Completion::prompt_logprobs. With max_tokens = 0 the prompt is scored and nothing is
     // generated (its last token is then never decoded: no logits are needed after it).

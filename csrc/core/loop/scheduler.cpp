@@ -1,6 +1,7 @@
 #include "core/loop/scheduler.hpp"
 
 #include <algorithm>
+#include <iterator>
 #include <optional>
 
 #include "core/base/errors.hpp"
@@ -51,7 +52,20 @@ Scheduler::Scheduler(const Model & model, llama_context * ctx, llama_batch & bat
 
 Scheduler::~Scheduler() { cancel_all(); }
 
-void Scheduler::enqueue(Request request) { queue_.push_back(std::move(request)); }
+void Scheduler::enqueue(Request request) {
+    // The queue stays ordered by priority, each request behind every other of its priority
+    // or a lower one: a request with a lower value than those queued waits only for a slot.
+    const int32_t priority = request.params ? request.params->priority : 0;
+    auto at = queue_.end();
+    while (at != queue_.begin()) {
+        const auto before = std::prev(at);
+        if ((before->params ? before->params->priority : 0) <= priority) {
+            break;
+        }
+        at = before;
+    }
+    queue_.insert(at, std::move(request));
+}
 
 bool Scheduler::idle() const {
     if (!queue_.empty()) {

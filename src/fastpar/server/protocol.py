@@ -163,6 +163,10 @@ def _sampling(body: Mapping, chat: bool, n_ctx_per_seq: int) -> Tuple[Dict[str, 
         stop = [s for s in stop if s]
         if stop:
             opts["stop"] = stop
+    # vLLM's field: a lower value takes a free slot before the requests queued with higher ones.
+    priority = _integer(body, "priority", -(1 << 31), (1 << 31) - 1, None)
+    if priority is not None:
+        opts["priority"] = priority
     n = _integer(body, "n", 1, MAX_N, 1)
     if chat:
         want = _get(body, "logprobs", (bool,), "a boolean", False)
