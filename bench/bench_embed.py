@@ -74,8 +74,9 @@ def model_path() -> str:
 
 def texts(n: int, seed: int = 0):
     rng = random.Random(seed)
-    # About 1.3 tokens a word with this vocabulary and [CLS]/[SEP]: 12 to 190 words.
-    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(12, 190))) for _ in range(n)]
+    # One token a word (these common words are whole WordPiece tokens), plus [CLS] and [SEP]:
+    # 14 to 254 words make 16 to 256 tokens.
+    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(14, 254))) for _ in range(n)]
 
 
 def run_fastpar(args, model: str, file: str) -> float:
@@ -95,10 +96,15 @@ assert not rows.errors, list(rows.errors.items())[:3]
 
 def timed_process(cmd, capture: bool = True) -> tuple:
     """(the process's wall seconds, the seconds it printed as IN-CALL or None)."""
-    t0 = time.perf_counter()
-    out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE if capture else subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL, text=True).stdout or ""
-    wall = time.perf_counter() - t0
+    with tempfile.TemporaryFile("w+") as err:  # shown when the process fails
+        t0 = time.perf_counter()
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE if capture else subprocess.DEVNULL, stderr=err, text=True)
+        wall = time.perf_counter() - t0
+        if proc.returncode:
+            err.seek(0)
+            sys.stderr.write(err.read()[-4000:])
+            proc.check_returncode()
+    out = proc.stdout or ""
     inner = [float(line.split()[1]) for line in out.splitlines() if line.startswith("IN-CALL ")]
     return wall, (inner[0] if inner else None)
 
@@ -138,8 +144,16 @@ def st_model_dir() -> str:
     hf = path.with_name(path.name + "-hf")
     hf.mkdir(parents=True, exist_ok=True)
     tokens = gguf.GGUFReader(str(BERT_VOCAB)).fields["tokenizer.ggml.tokens"].contents()
-    (hf / "vocab.txt").write_text("\n".join(tokens) + "\n")
-    BertTokenizerFast(vocab_file=str(hf / "vocab.txt"), do_lower_case=True).save_pretrained(hf)
+    # The GGUF keeps WordPiece in llama.cpp's form ("\u2581word" starts a word, a bare piece
+    # continues one); vocab.txt wants "word" and "##piece". transformers 5 ignores vocab_file=
+    # in the constructor, so the tokenizer is loaded from the folder's vocab.txt.
+    def wordpiece(t: str) -> str:
+        if t.startswith("[") and t.endswith("]"):
+            return t
+        return t[1:] if t.startswith("\u2581") else "##" + t
+
+    (hf / "vocab.txt").write_text("\n".join(wordpiece(t) for t in tokens) + "\n")
+    BertTokenizerFast.from_pretrained(str(hf), do_lower_case=True).save_pretrained(hf)
     BertModel(BertConfig(vocab_size=len(tokens), hidden_size=384, num_hidden_layers=12, num_attention_heads=12,
                          intermediate_size=1536, max_position_embeddings=512)).save_pretrained(hf)
     bert = models.Transformer(str(hf), max_seq_length=512)

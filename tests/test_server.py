@@ -263,6 +263,31 @@ def test_guided_choice(client):
         assert e.value.param == "guided_choice", e.value.body
 
 
+def test_limits_are_400s_naming_the_option(model):
+    from fastpar.server import create_app
+    from fastpar.server.protocol import Limits
+
+    limits = Limits(max_body_mib=1 / 1024, max_n=2, max_prompts=3, max_tokens=5)
+    with fastpar.Engine(model, n_parallel=2, n_ctx_per_seq=256) as engine, \
+            running(create_app(engine, limits=limits)) as url:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+        r = client.completions.create(model="m", prompt="Once upon a time", temperature=0)  # no max_tokens: the cap
+        assert r.usage.completion_tokens <= 5 and r.choices[0].finish_reason in ("length", "stop")
+        for kwargs, param, option in ((dict(prompt="x" * 2000), None, "--max-body-mib"),
+                                      (dict(prompt="Hi", n=3), "n", "--max-n"),
+                                      (dict(prompt=["a", "b", "c", "d"]), "prompt", "--max-prompts"),
+                                      (dict(prompt="Hi", max_tokens=6), "max_tokens", "--max-tokens")):
+            with pytest.raises(openai.BadRequestError) as e:
+                client.completions.create(model="m", **kwargs)
+            assert e.value.param == param and option in e.value.message, e.value.body
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(model="m", messages=CHAT, max_completion_tokens=9)
+        assert e.value.param == "max_completion_tokens" and "--max-tokens" in e.value.message
+    for bad in (dict(max_n=0), dict(max_prompts=1.5), dict(max_tokens=-1), dict(max_body_mib=0)):
+        with pytest.raises(ValueError):
+            Limits(**bad)
+
+
 def test_priority_field(client):
     # vLLM's field, passed to the engine's queue (its order: test_engine.py).
     r = client.completions.create(model="smol", prompt="Hello", max_tokens=2, temperature=0,

@@ -94,8 +94,12 @@ def _serve(args: argparse.Namespace) -> int:
     except ImportError as e:
         raise _CommandError(str(e)) from e
     _check_engine_options(args)
+    from fastpar.server.protocol import Limits
+
+    limits = Limits(max_body_mib=args.max_body_mib, max_n=args.max_n, max_prompts=args.max_prompts,
+                    max_tokens=args.max_tokens)  # ValueError naming a bad one
     # serve() checks its own options (port, shutdown timeout) before it opens the port.
-    return serve(args.model, host=args.host, port=args.port, n_parallel=args.n_parallel,
+    return serve(args.model, host=args.host, port=args.port, n_parallel=args.n_parallel, limits=limits,
                  n_ctx_per_seq=args.n_ctx_per_seq, n_gpu_layers=args.n_gpu_layers, n_threads=args.n_threads,
                  max_queued=args.max_queued, **_kv_types(args), api_key=args.api_key or os.environ.get("FASTPAR_API_KEY") or None,
                  model_name=args.model_name, shutdown_timeout=args.shutdown_timeout, log_level=args.log_level)
@@ -172,7 +176,7 @@ def _engine_options(p: argparse.ArgumentParser, prefix_cache_mib: Optional[int])
 
 def _parse(argv: Optional[List[str]]) -> argparse.Namespace:
     """The command line's arguments; a usage mistake exits with status 2 and one line."""
-    from fastpar.server.protocol import SERVE_PREFIX_CACHE_MIB
+    from fastpar.server.protocol import MAX_BODY_MIB, MAX_N, MAX_PROMPTS, SERVE_PREFIX_CACHE_MIB
 
     # No abbreviations: `--model` must never be taken for `--model-name`.
     parser = argparse.ArgumentParser(prog="fastpar", description="Many prompts through one llama.cpp model at once.",
@@ -204,6 +208,15 @@ def _parse(argv: Optional[List[str]]) -> argparse.Namespace:
                             "(--embeddings with rank pooling)")
     serve.add_argument("--max-queued", type=int, default=1024,
                        help="requests that may wait for a slot; one more is answered 429 (default 1024)")
+    # What one request may ask: each over its limit is a 400 naming the option.
+    serve.add_argument("--max-body-mib", type=float, default=MAX_BODY_MIB,
+                       help=f"largest request body in MiB (default {MAX_BODY_MIB:g})")
+    serve.add_argument("--max-n", type=int, default=MAX_N, help=f"most samples (n) a request (default {MAX_N})")
+    serve.add_argument("--max-prompts", type=int, default=MAX_PROMPTS,
+                       help=f"most prompts in one /v1/completions request (default {MAX_PROMPTS})")
+    serve.add_argument("--max-tokens", type=int, default=None,
+                       help="most tokens a request may generate, also the default of one that names none "
+                            "(default: --n-ctx-per-seq)")
     serve.add_argument("--api-key", default=None,
                        help="require 'Authorization: Bearer KEY' on /v1/* (default: $FASTPAR_API_KEY, else none)")
     serve.add_argument("--shutdown-timeout", type=float, default=5.0,

@@ -40,7 +40,7 @@ import fastpar
 from fastpar import Completion, Engine, Request
 
 from .protocol import N_CTX_PER_SEQ, RETRY_AFTER_S, APIError, Parsed, chunk_logprobs, failure, parse, prompt_failure
-from .protocol import SERVE_PREFIX_CACHE_MIB, prompt_tokens, response_body, usage
+from .protocol import SERVE_PREFIX_CACHE_MIB, Limits, prompt_tokens, response_body, usage
 from .embeddings import embeddings_endpoint
 from .rerank import RERANK_PATHS, rerank_endpoint
 
@@ -126,6 +126,7 @@ class _State:
         # stops, a flag that answers new ones 503 (serve's shutdown).
         self.jobs: "weakref.WeakSet[_Job]" = weakref.WeakSet()
         self.stopping = False
+        self.limits = Limits()  # create_app's
 
     def stat(self, name: str) -> float:
         return getattr(self.engine.stats(), name) if self.engine is not None else 0
@@ -206,8 +207,17 @@ async def _wait_disconnect(receive: Callable) -> None:
 
 
 async def _json_body(request: HTTPRequest) -> Any:
+    # Read up to the server's limit (--max-body-mib), never the whole of a larger body.
+    limit = int(request.app.state.fastpar.limits.max_body_mib * (1 << 20))
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise APIError(400, f"the request body is over this server's {limit} bytes (--max-body-mib)",
+                           code="request_too_large")
+        chunks.append(chunk)
     try:
-        return json.loads(await request.body())
+        return json.loads(b"".join(chunks))
     except ValueError as e:
         raise APIError(400, f"the request body is not valid JSON: {e}") from None
 
@@ -284,7 +294,8 @@ _DONE = b"data: [DONE]\n\n"
 
 
 def create_app(engine: Union[Engine, Callable[[], Engine]], *, model_name: Optional[str] = None,
-               api_key: Optional[str] = None, max_queued: Optional[int] = None) -> Starlette:
+               api_key: Optional[str] = None, max_queued: Optional[int] = None,
+               limits: Optional[Limits] = None) -> Starlette:
     """The OpenAI-compatible ASGI application over ``engine``.
 
     ``engine``: a ``fastpar.Engine`` (the caller keeps it and closes it), or a function
@@ -295,7 +306,8 @@ def create_app(engine: Union[Engine, Callable[[], Engine]], *, model_name: Optio
     (default: the engine's own ``max_queued``, which always applies). ``model_name``: the name ``/v1/models``
     lists and responses carry (default: the GGUF file's name); requests may name any
     model. ``api_key``: when set, ``/v1/*`` need ``Authorization: Bearer <api_key>``
-    (else 401); ``/health`` and ``/metrics`` stay open.
+    (else 401); ``/health`` and ``/metrics`` stay open. ``limits``: what one request may ask
+    (``fastpar.server.protocol.Limits``: body size, ``n``, prompts, ``max_tokens``).
     """
     if api_key is not None and (not isinstance(api_key, str) or not api_key):
         raise ValueError("api_key must be a non-empty str or None")
@@ -303,7 +315,10 @@ def create_app(engine: Union[Engine, Callable[[], Engine]], *, model_name: Optio
         raise TypeError(f"engine must be a fastpar.Engine or a function returning one, got {type(engine).__name__}")
     if max_queued is not None and (isinstance(max_queued, bool) or not isinstance(max_queued, int) or max_queued < 0):
         raise ValueError(f"max_queued must be an int >= 0 or None, got {max_queued!r}")
+    if limits is not None and not isinstance(limits, Limits):
+        raise TypeError(f"limits must be a fastpar.server.protocol.Limits, got {type(limits).__name__}")
     state = _State(engine, model_name, api_key)
+    state.limits = limits or Limits()
     metrics = state.metrics
 
     @contextlib.asynccontextmanager
@@ -358,7 +373,7 @@ def create_app(engine: Union[Engine, Callable[[], Engine]], *, model_name: Optio
                     raise APIError(400, f"this server {what}, or start one without that option to generate",
                                    code="embeddings_only")
                 body = await _json_body(request)
-                req = parse(body, chat, engine.n_ctx_per_seq)
+                req = parse(body, chat, engine.n_ctx_per_seq, state.limits)
                 if max_queued is not None:
                     s = engine.stats()
                     free = engine.n_parallel - s.n_active
@@ -566,7 +581,7 @@ def serve(model: Optional[str] = None, *, host: str = "127.0.0.1", port: int = 8
           n_ctx_per_seq: int = N_CTX_PER_SEQ, n_gpu_layers: int = 0, n_threads: Optional[int] = None,
           max_queued: int = 1024, type_k: Optional[str] = None, type_v: Optional[str] = None,
           prefix_cache_mib: Optional[int] = SERVE_PREFIX_CACHE_MIB, prefix_cache_dir: Optional[str] = None,
-          embeddings: bool = False, pooling: Optional[str] = None,
+          embeddings: bool = False, pooling: Optional[str] = None, limits: Optional[Limits] = None,
           api_key: Optional[str] = None, model_name: Optional[str] = None,
           shutdown_timeout: float = 5.0, log_level: str = "info") -> int:
     """Run the server until SIGTERM or Ctrl-C, then stop accepting, give the requests in
@@ -578,7 +593,7 @@ def serve(model: Optional[str] = None, *, host: str = "127.0.0.1", port: int = 8
     ``prefix_cache_mib`` the prefix cache's host memory (default -1: on, unlike the library's
     ``Context``; 0: off) and ``prefix_cache_dir`` its folder across restarts. ``embeddings``
     serves ``/v1/embeddings`` instead of generation, pooling by ``pooling`` (None: the model's
-    own, else mean). A missing model
+    own, else mean). ``limits``: what one request may ask (``create_app``). A missing model
     file, a port out of range or a negative ``shutdown_timeout`` raise ``ValueError`` (or
     ``FileNotFoundError``) before anything starts."""
     import signal
@@ -625,7 +640,7 @@ def serve(model: Optional[str] = None, *, host: str = "127.0.0.1", port: int = 8
                 server.should_exit = True
             raise
 
-    app = create_app(load, model_name=model_name, api_key=api_key)
+    app = create_app(load, model_name=model_name, api_key=api_key, limits=limits)
     state: _State = app.state.fastpar
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
                             timeout_graceful_shutdown=_SEND_GRACE_S, access_log=False)

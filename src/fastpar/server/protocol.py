@@ -10,9 +10,12 @@ from typing import Any, Dict, List, Optional, Tuple
 import fastpar
 from fastpar import Completion, SamplingParams
 
-#: Most samples (``n``) one request may ask for, and most prompts in one completions call.
+#: Most samples (``n``) one request may ask for, and most prompts in one completions call
+#: (``Limits``' defaults).
 MAX_N = 128
 MAX_PROMPTS = 1024
+#: Largest request body, in MiB (``Limits``' default).
+MAX_BODY_MIB = 16.0
 #: Seconds a client should wait after a 429 or 503 before trying again.
 RETRY_AFTER_S = 1
 #: ``n_ctx_per_seq`` of ``fastpar serve`` and ``fastpar run``: both answer OpenAI-format
@@ -25,6 +28,31 @@ N_CTX_PER_SEQ = 4096
 #: memory, at most 8 GiB): on, as llama-server's prompt cache is, for a chat's turns arrive
 #: as separate requests. The library and ``fastpar run`` keep it off (docs/server.md).
 SERVE_PREFIX_CACHE_MIB = -1
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    """What one request may ask of ``fastpar serve`` (its ``--max-*`` options); a request over
+    one is a 400 naming the field and the option. ``max_tokens`` None: up to the sequence's
+    context (``n_ctx_per_seq``), also the default of a request that gives none."""
+
+    max_body_mib: float = MAX_BODY_MIB
+    max_n: int = MAX_N
+    max_prompts: int = MAX_PROMPTS
+    max_tokens: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        for name in ("max_n", "max_prompts", "max_tokens"):
+            value = getattr(self, name)
+            if value is None and name == "max_tokens":
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        if isinstance(self.max_body_mib, bool) or not isinstance(self.max_body_mib, (int, float)) \
+                or not self.max_body_mib > 0:
+            raise ValueError(f"max_body_mib must be a number > 0, got {self.max_body_mib!r}")
+
+
 #: The roles a chat message may have ("developer" is OpenAI's newer name for "system").
 ROLES = ("system", "developer", "user", "assistant")
 
@@ -109,13 +137,14 @@ def _messages(body: Mapping) -> List[Dict[str, str]]:
     return out
 
 
-def _prompts(body: Mapping) -> List[str]:
+def _prompts(body: Mapping, limits: Limits) -> List[str]:
     prompt = body.get("prompt")
     if isinstance(prompt, str):
         return [prompt]
     if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
-        if len(prompt) > MAX_PROMPTS:
-            raise _bad("prompt", f"'prompt' holds {len(prompt)} prompts; at most {MAX_PROMPTS} in one request")
+        if len(prompt) > limits.max_prompts:
+            raise _bad("prompt", f"'prompt' holds {len(prompt)} prompts; this server takes at most "
+                                 f"{limits.max_prompts} in one request (--max-prompts)")
         return list(prompt)
     raise _bad("prompt", "'prompt' must be a string or a non-empty list of strings (token arrays are not supported)")
 
@@ -127,14 +156,18 @@ def _unsupported(body: Mapping, names: Tuple[str, ...]) -> None:
             raise _bad(name, f"'{name}' is not supported by this server")
 
 
-def _sampling(body: Mapping, chat: bool, n_ctx_per_seq: int) -> Tuple[Dict[str, Any], int, int]:
+def _sampling(body: Mapping, chat: bool, n_ctx_per_seq: int, limits: Limits) -> Tuple[Dict[str, Any], int, int]:
     """The SamplingParams options, ``n`` and the number of top log-probabilities asked for."""
     opts: Dict[str, Any] = {}
-    max_tokens = _integer(body, "max_completion_tokens", 0, 1 << 30, None) if chat else None
+    field = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
+    max_tokens = _integer(body, field, 0, 1 << 30, None)
+    if max_tokens is not None and limits.max_tokens is not None and max_tokens > limits.max_tokens:
+        raise _bad(field, f"'{field}' is {max_tokens}; this server generates at most {limits.max_tokens} tokens "
+                          "a request (--max-tokens)")
+    # No limit given: until the model stops, the sequence's context is full or the cap is reached.
     if max_tokens is None:
-        max_tokens = _integer(body, "max_tokens", 0, 1 << 30, None)
-    # No limit given: until the model stops or the sequence's context is full.
-    opts["max_tokens"] = n_ctx_per_seq if max_tokens is None else max_tokens
+        max_tokens = n_ctx_per_seq if limits.max_tokens is None else min(n_ctx_per_seq, limits.max_tokens)
+    opts["max_tokens"] = max_tokens
     opts["temperature"] = float(_number(body, "temperature", 0.0, 2.0, 1.0))
     opts["top_p"] = float(_number(body, "top_p", 0.0, 1.0, 1.0))
     opts["presence_penalty"] = float(_number(body, "presence_penalty", -2.0, 2.0, 0.0))
@@ -167,7 +200,9 @@ def _sampling(body: Mapping, chat: bool, n_ctx_per_seq: int) -> Tuple[Dict[str, 
     priority = _integer(body, "priority", -(1 << 31), (1 << 31) - 1, None)
     if priority is not None:
         opts["priority"] = priority
-    n = _integer(body, "n", 1, MAX_N, 1)
+    n = _integer(body, "n", 1, 1 << 30, 1)
+    if n > limits.max_n:
+        raise _bad("n", f"'n' is {n}; this server takes at most {limits.max_n} samples a request (--max-n)")
     if chat:
         want = _get(body, "logprobs", (bool,), "a boolean", False)
         k = _integer(body, "top_logprobs", 0, fastpar.MAX_TOP_LOGPROBS, 0)
@@ -326,7 +361,7 @@ class Parsed:
             raise _bad(_param_of(str(e), self.param), str(e)) from None
 
 
-def parse(body: Any, chat: bool, n_ctx_per_seq: int) -> Parsed:
+def parse(body: Any, chat: bool, n_ctx_per_seq: int, limits: Limits = Limits()) -> Parsed:
     """A request body (parsed JSON) as a Parsed request; APIError (400 naming the field)."""
     if not isinstance(body, Mapping):
         raise APIError(400, "the request body must be a JSON object")
@@ -335,14 +370,14 @@ def parse(body: Any, chat: bool, n_ctx_per_seq: int) -> Parsed:
         prompts: List[Any] = [_messages(body)]
     else:
         _unsupported(body, ("suffix", "logit_bias"))
-        prompts = _prompts(body)
+        prompts = _prompts(body, limits)
     stream = _get(body, "stream", (bool,), "a boolean", False)
     so = body.get("stream_options")
     if so is not None and not isinstance(so, Mapping):
         raise _bad("stream_options", "'stream_options' must be an object")
     include_usage = bool(so and so.get("include_usage")) and stream
     echo = False if chat else _get(body, "echo", (bool,), "a boolean", False)
-    opts, n, n_top = _sampling(body, chat, n_ctx_per_seq)
+    opts, n, n_top = _sampling(body, chat, n_ctx_per_seq, limits)
     if echo and n_top >= 0:
         opts["prompt_logprobs"] = True  # the prompt's tokens get log-probabilities too
     model = body.get("model") if isinstance(body.get("model"), str) else None
