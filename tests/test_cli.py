@@ -134,7 +134,7 @@ def test_kv_cache_types_reach_the_engine_and_the_context(monkeypatch, tmp_path):
     # neither, the library's default stands (no keyword is passed).
     import uvicorn
 
-    import fastpar.server.app as app
+    import fastpar.server.service as service
     from fastpar.__main__ import main
 
     engines = []
@@ -149,7 +149,7 @@ def test_kv_cache_types_reach_the_engine_and_the_context(monkeypatch, tmp_path):
             self.config.app.state.fastpar.loader()
         self.started = True
 
-    monkeypatch.setattr(app, "Engine", FakeEngine)
+    monkeypatch.setattr(service, "Engine", FakeEngine)
     monkeypatch.setattr(fastpar, "Model", lambda *a, **k: None)
     monkeypatch.setattr(uvicorn.Server, "run", started)
     assert main(["serve", "--type-k", "q8_0", "--type-v", "q4_0"]) == 0

@@ -1,7 +1,7 @@
 """fastpar's OpenAI-compatible server, a client of fastpar's public API like any user's code.
 
-``create_app(engine)`` returns the ASGI application and ``serve(...)`` runs it
-(``fastpar serve``; both need ``pip install 'fastpar[server]'``, app.py). protocol.py
+``create_app(engine)`` returns the ASGI application (app.py) and ``serve(...)`` runs it
+(``fastpar serve``, service.py); both need ``pip install 'fastpar[server]'``. protocol.py
 translates OpenAI's request and response schemas and has no web dependency: ``fastpar run``
 (batch.py) answers files of requests with it through ``generate_parallel``.
 """
@@ -13,14 +13,19 @@ from typing import TYPE_CHECKING, Any
 __all__ = ["create_app", "serve"]
 
 if TYPE_CHECKING:
-    from .app import create_app, serve
+    from .app import create_app
+    from .service import serve
 
 
 def __getattr__(name: str) -> Any:
     # The application is imported on first use, so that ``fastpar run`` (batch.py) needs
     # none of the server's dependencies; without them this raises ImportError naming them.
-    if name in __all__:
-        from . import app
+    if name == "create_app":
+        from .app import create_app
 
-        return getattr(app, name)
+        return create_app
+    if name == "serve":
+        from .service import serve
+
+        return serve
     raise AttributeError(f"module 'fastpar.server' has no attribute {name!r}")
