@@ -244,6 +244,8 @@ def main() -> None:
                     help="also llama-cpp-python (CPU) or sentence-transformers (--gpu)")
     ap.add_argument("--http", action="store_true", help="fastpar serve against llama-server instead")
     ap.add_argument("--clients", type=int, default=32, help="with --http: concurrent clients")
+    ap.add_argument("--only", default=None,
+                    help="comma-separated starts of the settings' names to run (more repetitions in the same time)")
     args = ap.parse_args()
     model = model_path()
     items = texts(args.texts)
@@ -269,6 +271,8 @@ def main() -> None:
             runs["llama-cpp-python (defaults)"] = lambda: run_llama_cpp_python(args, model, file, 0)
             runs[f"llama-cpp-python (n_batch {args.n_batch}, flash_attn)"] = lambda: run_llama_cpp_python(args, model, file,
                                                                                                args.n_batch)
+        if args.only:
+            runs = {k: v for k, v in runs.items() if k == "fastpar" or any(k.startswith(o) for o in args.only.split(","))}
         times = {name: [] for name in runs}
         inner = {name: [] for name in runs}
         names = list(runs)
