@@ -40,8 +40,8 @@ from fastpar import Completion, Engine, Request
 
 from .protocol import RETRY_AFTER_S, APIError, Limits, Parsed, chunk_logprobs, failure, parse, prompt_failure
 from .protocol import prompt_tokens, response_body, usage
-from .embeddings import embeddings_endpoint
-from .rerank import RERANK_PATHS, rerank_endpoint
+from .embeddings import answer_embeddings, vector_endpoint
+from .rerank import RERANK_PATHS, answer_rerank
 
 __all__ = ["create_app"]
 
@@ -547,9 +547,10 @@ def create_app(engine: Union[Engine, Callable[[], Engine]], *, model_name: Optio
     routes = [
         Route("/v1/chat/completions", generation_endpoint(True), methods=["POST"]),
         Route("/v1/completions", generation_endpoint(False), methods=["POST"]),
-        Route("/v1/embeddings", embeddings_endpoint(state, _error, _shutting_down, _json_body), methods=["POST"]),
-        *(Route(path, rerank_endpoint(state, _error, _shutting_down, _json_body), methods=["POST"])
-          for path in RERANK_PATHS),
+        Route("/v1/embeddings", vector_endpoint("embeddings", answer_embeddings, state, _error, _shutting_down,
+                                                _json_body), methods=["POST"]),
+        *(Route(path, vector_endpoint("rerank", answer_rerank, state, _error, _shutting_down, _json_body),
+                methods=["POST"]) for path in RERANK_PATHS),
         Route("/v1/models", models, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics_endpoint, methods=["GET"]),

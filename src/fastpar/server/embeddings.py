@@ -8,13 +8,13 @@ import asyncio
 import base64
 import struct
 import time
-from typing import Any, Callable, Dict, List, Mapping, Tuple, Union
+from typing import Any, Awaitable, Callable, Dict, List, Mapping, Tuple, Union
 
 from fastpar import Engine, QueueFull, Request
 
 from .protocol import APIError
 
-__all__ = ["embeddings_endpoint", "parse_embeddings", "embed_all", "embeddings_body"]
+__all__ = ["vector_endpoint", "answer_embeddings", "parse_embeddings", "embed_all", "embeddings_body"]
 
 Text = Union[str, List[int]]
 
@@ -96,10 +96,17 @@ def embeddings_body(completions: List[Any], fmt: str, model: str) -> Tuple[int, 
                  "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens}}
 
 
-def embeddings_endpoint(state: Any, error: Callable[[APIError], Any], shutting_down: Callable[[], APIError],
-                        json_body: Callable) -> Callable:
-    """The route's handler over the application's state (app.py's ``_State``). Starlette is
-    imported here: ``fastpar run`` uses the rest of this module without the server extra."""
+Answer = Callable[[Engine, Callable[[], Awaitable[Any]], str], Awaitable[Tuple[int, Any, int]]]
+
+
+def vector_endpoint(name: str, answer: Answer, state: Any, error: Callable[[APIError], Any],
+                    shutting_down: Callable[[], APIError], json_body: Callable) -> Callable:
+    """A route of an embeddings engine (``/v1/embeddings``, ``/v1/rerank``) over the
+    application's state (app.py's ``_State``): the key, the shutdown and the engine's loading
+    are checked, then ``answer(engine, read_body, model_name)`` checks the engine's kind,
+    reads the body and returns (status, response body, prompt tokens); the metrics count it
+    under ``name``. Starlette is imported here: ``fastpar run`` uses the rest of this module
+    without the server extra."""
     from starlette.responses import JSONResponse
 
     metrics = state.metrics
@@ -110,24 +117,30 @@ def embeddings_endpoint(state: Any, error: Callable[[APIError], Any], shutting_d
             state.check_key(request)
             if state.stopping:
                 raise shutting_down()
-            engine = state.ready()
-            if not engine.embeddings:
-                raise APIError(400, "this server generates: start fastpar serve with --embeddings to serve "
-                                    "/v1/embeddings", code="embeddings_not_enabled")
-            if engine.pooling == "rank":
-                raise APIError(400, "this server reranks (fastpar serve --rerank): POST /v1/rerank, or start one "
-                                    "with --embeddings and an embedding model", code="embeddings_not_enabled")
-            raw = await json_body(request)
-            texts, fmt = parse_embeddings(raw, engine.embedding_size)
-            completions = await embed_all(engine, texts)
-            status, body = embeddings_body(completions, fmt, raw.get("model") or state.model_name)
+            status, body, n_tokens = await answer(state.ready(), lambda: json_body(request), state.model_name)
         except APIError as e:
             outcome = {400: "bad_request", 401: "unauthorized", 429: "queue_full"}.get(e.status, "error")
-            metrics.requests.labels("embeddings", outcome).inc()
+            metrics.requests.labels(name, outcome).inc()
             return error(e)
-        metrics.requests.labels("embeddings", "success").inc()
+        metrics.requests.labels(name, "success").inc()
         metrics.latency.observe(time.monotonic() - t0)
-        metrics.prompt_tokens.inc(body["usage"]["prompt_tokens"])
+        metrics.prompt_tokens.inc(n_tokens)
         return JSONResponse(body, status_code=status)
 
     return run
+
+
+async def answer_embeddings(engine: Engine, read_body: Callable[[], Awaitable[Any]],
+                            model_name: str) -> Tuple[int, Any, int]:
+    """``/v1/embeddings``' answer (``vector_endpoint``)."""
+    if not engine.embeddings:
+        raise APIError(400, "this server generates: start fastpar serve with --embeddings to serve "
+                            "/v1/embeddings", code="embeddings_not_enabled")
+    if engine.pooling == "rank":
+        raise APIError(400, "this server reranks (fastpar serve --rerank): POST /v1/rerank, or start one "
+                            "with --embeddings and an embedding model", code="embeddings_not_enabled")
+    raw = await read_body()
+    texts, fmt = parse_embeddings(raw, engine.embedding_size)
+    completions = await embed_all(engine, texts)
+    status, body = embeddings_body(completions, fmt, raw.get("model") or model_name)
+    return status, body, body["usage"]["prompt_tokens"]

@@ -7,15 +7,14 @@ connections share the engine's steps."""
 from __future__ import annotations
 
 import math
-import time
-from typing import Any, Callable, Dict, List, Mapping, Tuple
+from typing import Any, Awaitable, Callable, Dict, List, Mapping, Tuple
 
 from fastpar import Engine
 
 from .embeddings import embed_all
 from .protocol import APIError
 
-__all__ = ["RERANK_PATHS", "parse_rerank", "rerank_body", "rerank_endpoint"]
+__all__ = ["RERANK_PATHS", "parse_rerank", "rerank_body", "answer_rerank"]
 
 #: The paths llama-server answers reranking on; fastpar answers all of them.
 RERANK_PATHS = ("/v1/rerank", "/rerank", "/v1/reranking", "/reranking")
@@ -80,35 +79,14 @@ def rerank_body(completions: List[Any], docs: List[str], how: Dict[str, Any], mo
             "results": results}
 
 
-def rerank_endpoint(state: Any, error: Callable[[APIError], Any], shutting_down: Callable[[], APIError],
-                    json_body: Callable) -> Callable:
-    """The route's handler over the application's state (app.py's ``_State``)."""
-    from starlette.responses import JSONResponse
-
-    metrics = state.metrics
-
-    async def run(request: Any) -> Any:
-        t0 = time.monotonic()
-        try:
-            state.check_key(request)
-            if state.stopping:
-                raise shutting_down()
-            engine: Engine = state.ready()
-            if engine.pooling != "rank":
-                raise APIError(400, "this server does not rerank: start fastpar serve with --rerank and a reranker "
-                                    "model to serve /v1/rerank", code="rerank_not_enabled")
-            raw = await json_body(request)
-            query, docs, how = parse_rerank(raw)
-            pairs = [engine.model.rerank_tokens(query, d) for d in docs]
-            completions = await embed_all(engine, pairs, normalize=False)
-            body = rerank_body(completions, docs, how, raw.get("model") or state.model_name)
-        except APIError as e:
-            outcome = {400: "bad_request", 401: "unauthorized", 429: "queue_full"}.get(e.status, "error")
-            metrics.requests.labels("rerank", outcome).inc()
-            return error(e)
-        metrics.requests.labels("rerank", "success").inc()
-        metrics.latency.observe(time.monotonic() - t0)
-        metrics.prompt_tokens.inc(sum(c.n_prompt_tokens for c in completions))
-        return JSONResponse(body)
-
-    return run
+async def answer_rerank(engine: Engine, read_body: Callable[[], Awaitable[Any]], model_name: str) -> Tuple[int, Any, int]:
+    """``/v1/rerank``'s answer (embeddings.py's ``vector_endpoint``)."""
+    if engine.pooling != "rank":
+        raise APIError(400, "this server does not rerank: start fastpar serve with --rerank and a reranker "
+                            "model to serve /v1/rerank", code="rerank_not_enabled")
+    raw = await read_body()
+    query, docs, how = parse_rerank(raw)
+    pairs = [engine.model.rerank_tokens(query, d) for d in docs]
+    completions = await embed_all(engine, pairs, normalize=False)
+    body = rerank_body(completions, docs, how, raw.get("model") or model_name)
+    return 200, body, sum(c.n_prompt_tokens for c in completions)
