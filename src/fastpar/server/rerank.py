@@ -12,7 +12,7 @@ from typing import Any, Awaitable, Callable, Dict, List, Mapping, Tuple
 from fastpar import Engine
 
 from .embeddings import embed_all
-from .protocol import APIError
+from .protocol import APIError, _get, _integer
 
 __all__ = ["RERANK_PATHS", "parse_rerank", "rerank_body", "answer_rerank"]
 
@@ -34,13 +34,8 @@ def parse_rerank(body: Any) -> Tuple[str, List[str], Dict[str, Any]]:
     docs = body.get(field)
     if not isinstance(docs, list) or not docs or not all(isinstance(d, str) for d in docs):
         raise APIError(400, f"'{field}' must be a non-empty list of strings", param=field)
-    top_n = body.get("top_n", len(docs))
-    if isinstance(top_n, bool) or not isinstance(top_n, int) or top_n < 1:
-        raise APIError(400, f"'top_n' must be an integer >= 1, got {top_n!r}", param="top_n")
-    flag = "return_text" if tei else "return_documents"
-    give = body.get(flag, False)
-    if not isinstance(give, bool):
-        raise APIError(400, f"'{flag}' must be a boolean", param=flag)
+    top_n = _integer(body, "top_n", 1, 1 << 30, len(docs))
+    give = _get(body, "return_text" if tei else "return_documents", (bool,), "a boolean", False)
     return query, docs, {"tei": tei, "top_n": top_n, "return": give}
 
 
