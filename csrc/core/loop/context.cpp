@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstdio>
+#include <iterator>
 #include <string>
 #include <thread>
 
@@ -138,20 +139,18 @@ std::string prefix_cache_identity(const Model & model, const ContextParams & par
            params.type_v;
 }
 
+// llama.cpp's pooling type of each name of kPoolings, in its order.
+constexpr enum llama_pooling_type kPoolingTypes[] = {LLAMA_POOLING_TYPE_MEAN, LLAMA_POOLING_TYPE_CLS,
+                                                     LLAMA_POOLING_TYPE_LAST, LLAMA_POOLING_TYPE_RANK};
+static_assert(std::size(kPoolingTypes) == std::size(kPoolings), "a pooling type for every name");
+
 // The pooling an embeddings context asks llama.cpp for: the one named, else the model's own
-// (its GGUF's "<arch>.pooling_type"), else mean (ContextParams::pooling).
+// (its GGUF's "<arch>.pooling_type") if it is one of kPoolings, else mean (ContextParams::pooling).
 enum llama_pooling_type embedding_pooling(const Model & model, const std::string & name) {
-    if (name == "mean") {
-        return LLAMA_POOLING_TYPE_MEAN;
-    }
-    if (name == "cls") {
-        return LLAMA_POOLING_TYPE_CLS;
-    }
-    if (name == "last") {
-        return LLAMA_POOLING_TYPE_LAST;
-    }
-    if (name == "rank") {
-        return LLAMA_POOLING_TYPE_RANK;
+    for (size_t i = 0; i < std::size(kPoolings); ++i) {
+        if (name == kPoolings[i]) {
+            return kPoolingTypes[i];
+        }
     }
     char arch[128] = {0};
     if (llama_model_meta_val_str(model.get(), "general.architecture", arch, sizeof arch) > 0) {
@@ -159,13 +158,24 @@ enum llama_pooling_type embedding_pooling(const Model & model, const std::string
         const std::string key = std::string(arch) + ".pooling_type";
         if (llama_model_meta_val_str(model.get(), key.c_str(), value, sizeof value) > 0) {
             const int t = std::atoi(value);
-            if (t == LLAMA_POOLING_TYPE_MEAN || t == LLAMA_POOLING_TYPE_CLS || t == LLAMA_POOLING_TYPE_LAST ||
-                t == LLAMA_POOLING_TYPE_RANK) {
-                return static_cast<enum llama_pooling_type>(t);
+            for (const enum llama_pooling_type known : kPoolingTypes) {
+                if (t == known) {
+                    return known;
+                }
             }
         }
     }
     return LLAMA_POOLING_TYPE_MEAN;
+}
+
+// The name of kPoolings for one of kPoolingTypes.
+const char * pooling_name(enum llama_pooling_type type) {
+    for (size_t i = 0; i < std::size(kPoolingTypes); ++i) {
+        if (type == kPoolingTypes[i]) {
+            return kPoolings[i];
+        }
+    }
+    return kPoolings[0];
 }
 
 // llama.cpp's physical batch (n_ubatch) for a model: params.hpp says why.
@@ -237,12 +247,7 @@ Context::Context(std::shared_ptr<const Model> model, const ContextParams & param
         // (each token attends to the whole batch, masked), though its CPU kernel, chosen by
         // the rows a batch holds, rounds a decoder's vector apart by batch shape (docs/api.md).
         cp.pooling_type = embedding_pooling(*model_, params_.pooling);
-        switch (cp.pooling_type) {
-            case LLAMA_POOLING_TYPE_CLS: pooling_ = "cls"; break;
-            case LLAMA_POOLING_TYPE_LAST: pooling_ = "last"; break;
-            case LLAMA_POOLING_TYPE_RANK: pooling_ = "rank"; break;
-            default: pooling_ = "mean"; break;
-        }
+        pooling_ = pooling_name(cp.pooling_type);
     }
     // flash_attn_type stays llama.cpp's auto, which it turns on for a quantized V cache.
     cp.type_k = kv_cache_type(params_.type_k);
