@@ -137,6 +137,7 @@ def test_constrained_rows_are_whole_on_the_device():
     assert _testing.device_serves(greedy)
     assert not _testing.device_serves(params(temperature=0.0, json_schema='{"type":"string"}'))
     assert not _testing.device_serves(params(temperature=0.0, grammar='root ::= "a"'))
+    assert not _testing.device_serves(params(temperature=0.0, choice=["yes", "no"]))
 
 
 def test_grammar_costs_hook(model):

@@ -141,6 +141,12 @@ struct GenerateParams {
     int32_t prompt_logprobs_from = 1;
 };
 
+// The output is constrained (a JSON schema, a grammar or choices): the allowed tokens come
+// from a grammar, which may allow none of a row's best candidates.
+inline bool constrained(const GenerateParams & params) {
+    return !params.json_schema.empty() || !params.grammar.empty() || !params.choice.empty();
+}
+
 // Most entries of GenerateParams::top_logprobs (as OpenAI's API allows).
 constexpr int32_t kMaxTopLogprobs = 20;
 

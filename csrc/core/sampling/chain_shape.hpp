@@ -17,7 +17,7 @@ struct ChainShape {
     int32_t top_k = 0;       // the top-k sampler's k (after any penalties); 0 = none, always with greedy
     // The request needs whole rows of logits whatever its chain: log-probabilities
     // (logprobs, top_logprobs, prompt_logprobs) are over the whole vocabulary, and the
-    // tokens a json_schema or grammar allows may all lie outside any candidates.
+    // tokens a json_schema, grammar or choice allows may all lie outside any candidates.
     bool whole_rows = false;
 
     static ChainShape of(const GenerateParams & p) {
@@ -25,8 +25,7 @@ struct ChainShape {
         s.penalties = p.repeat_penalty != 1.0f || p.frequency_penalty != 0.0f || p.presence_penalty != 0.0f;
         s.greedy = p.temperature <= 0.0f;
         s.top_k = s.greedy ? 0 : p.top_k;
-        s.whole_rows = p.logprobs || p.prompt_logprobs || p.top_logprobs > 0 || !p.json_schema.empty() ||
-                       !p.grammar.empty();
+        s.whole_rows = p.logprobs || p.prompt_logprobs || p.top_logprobs > 0 || constrained(p);
         return s;
     }
 

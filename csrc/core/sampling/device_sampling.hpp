@@ -53,7 +53,7 @@ public:
     // Whether a chain of shape `shape` can start from the candidates: it keeps only the
     // best 1..kTopBlocks of a row (greedy or top-k, no penalties: they change logits
     // outside the candidates), and its request does not need whole rows (no logprobs,
-    // top_logprobs, json_schema or grammar: ChainShape::whole_rows).
+    // top_logprobs, json_schema, grammar or choice: ChainShape::whole_rows).
     static bool serves(const ChainShape & shape);
 
     // n_vocab must have a block (block_for > 0); n_seq is the number of slots.

@@ -10,10 +10,6 @@
 
 namespace fastpar {
 
-inline bool constrained(const GenerateParams & params) {
-    return !params.json_schema.empty() || !params.grammar.empty() || !params.choice.empty();
-}
-
 // Throws InvalidArgument when `schema` is not JSON, uses a feature outside the supported
 // list (naming it and where), or the converter cannot turn it into a grammar. What it
 // converts is kept (by text), so checking every prompt of a call costs one conversion.
