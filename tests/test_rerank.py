@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import fastpar
-from conftest import MORE_PROMPTS, N_GPU_LAYERS, assert_empty
+from conftest import MORE_PROMPTS, N_GPU_LAYERS, ON_GPU, assert_empty
 from embedding_models import make_bert
 from llama_tools import llama_server
 
@@ -18,8 +18,9 @@ TOL = 1e-4
 # A pair scored in other batch shapes (alone, or beside other pairs): llama.cpp's flash
 # attention sums a batch's keys in chunks by its length, so the vector rounds apart (an
 # encoder's cosine 1 - 1e-7, test_embeddings.py) and the head carries that to the score.
-# Measured: at most 3.3e-4 on scores of about -3 (CPU).
-SHAPES_TOL = 1e-3
+# Measured: at most 3.3e-4 on scores of about -3 on the CPU, 3.4e-3 on an H200 (its kernels
+# round more apart between shapes: bench/results/gpu-h200-tests.txt).
+SHAPES_TOL = 5e-3 if ON_GPU else 1e-3
 
 QUERY = "What do pandas eat?"
 DOCS = ["The giant panda's diet is almost entirely bamboo.",

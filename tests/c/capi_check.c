@@ -54,10 +54,7 @@ int main(int argc, char ** argv) {
     fastpar_context_free(NULL);
     fastpar_results_free(NULL, 3);
 
-    fastpar_model_params mp = fastpar_model_default_params();
-    /* The GPU test run offloads layers (see tests/conftest.py). */
-    const char * gpu_layers = getenv("FASTPAR_TEST_N_GPU_LAYERS");
-    if (gpu_layers != NULL && *gpu_layers != '\0') mp.n_gpu_layers = atoi(gpu_layers);
+    fastpar_model_params mp = test_model_params();
     CHECK(fastpar_model_load(argv[1], mp, &model) == FASTPAR_OK, "load");
     cp.n_parallel = 4;
     cp.n_ctx_per_seq = 128;

@@ -17,7 +17,7 @@
 int main(int argc, char ** argv) {
     CHECK(argc == 2, "usage: capi_embed MODEL.gguf");
     fastpar_model * model = NULL;
-    CHECK(fastpar_model_load(argv[1], fastpar_model_default_params(), &model) == FASTPAR_OK, "load");
+    CHECK(fastpar_model_load(argv[1], test_model_params(), &model) == FASTPAR_OK, "load");
 
     fastpar_context_params cp = fastpar_context_default_params();
     CHECK(!cp.embeddings && cp.pooling == NULL, "defaults: a generation context, the model's pooling");

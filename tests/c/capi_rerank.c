@@ -15,7 +15,7 @@
 int main(int argc, char ** argv) {
     CHECK(argc == 2, "usage: capi_rerank RERANKER.gguf");
     fastpar_model * model = NULL;
-    CHECK(fastpar_model_load(argv[1], fastpar_model_default_params(), &model) == FASTPAR_OK, "load");
+    CHECK(fastpar_model_load(argv[1], test_model_params(), &model) == FASTPAR_OK, "load");
     fastpar_context_params cp = fastpar_context_default_params();
     cp.n_parallel = 4;
     cp.embeddings = true;  /* pooling NULL: the reranker's own, rank */

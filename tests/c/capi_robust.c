@@ -51,8 +51,7 @@ int main(int argc, char ** argv) {
     FAILS(fastpar_model_load(argv[1], bad_mp, &model), BAD, "n_gpu_layers INT32_MIN");
     CHECK(model == SENTINEL_M, "model_out untouched on errors");
 
-    const char * gpu_layers = getenv("FASTPAR_TEST_N_GPU_LAYERS");
-    if (gpu_layers != NULL && *gpu_layers != '\0') mp.n_gpu_layers = atoi(gpu_layers);
+    mp = test_model_params();
     /* Freed while `model` lives, so no later model can take its address (a freed handle
        whose address a new handle of its kind took is that handle). */
     CHECK(fastpar_model_load(argv[1], mp, &model) == FASTPAR_OK, "load");

@@ -5,6 +5,7 @@
 #define FASTPAR_TESTS_CHECK_H
 
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "fastpar.h"
 
@@ -17,5 +18,14 @@
             return 1;                                                     \
         }                                                                 \
     } while (0)
+
+/* The model options of the suite's run: its GPU run offloads layers (FASTPAR_TEST_N_GPU_LAYERS,
+ * tests/conftest.py), so a program computes on the device of the Python call it is compared with. */
+static fastpar_model_params test_model_params(void) {
+    fastpar_model_params mp = fastpar_model_default_params();
+    const char * gpu_layers = getenv("FASTPAR_TEST_N_GPU_LAYERS");
+    if (gpu_layers != NULL && *gpu_layers != '\0') mp.n_gpu_layers = atoi(gpu_layers);
+    return mp;
+}
 
 #endif
