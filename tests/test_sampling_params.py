@@ -170,6 +170,45 @@ def test_errors(model):
     assert_clean(ctx)
 
 
+def test_logit_bias_bans_and_forces_tokens(model):
+    """logit_bias: -inf or -100 bans a token over 1,000 sampled tokens, +100 forces it (sampled
+    and greedy), a bias of 0 changes nothing, and an id outside the vocabulary fails its
+    prompt alone."""
+    ctx = fastpar.Context(model, n_parallel=8, n_ctx_per_seq=256)
+    prompts = [f"Write a short sentence about the number {i}." for i in range(8)]
+    sampled = dict(max_tokens=125, temperature=1.0, seed=3, ignore_eos=True, progress=False)
+    base = fastpar.generate_parallel(ctx, prompts, **sampled)
+    counts: dict = {}
+    for c in base:
+        for t in c.token_ids:
+            counts[t] = counts.get(t, 0) + 1
+    common = sorted(counts, key=counts.get, reverse=True)[:3]
+    assert counts[common[2]] >= 20  # each banned token would have come up often
+    ban = {common[0]: -math.inf, common[1]: -math.inf, str(common[2]): -100}  # str: as OpenAI's JSON keys
+    out = fastpar.generate_parallel(ctx, prompts, logit_bias=ban, **sampled)
+    assert sum(len(c.token_ids) for c in out) == 1000
+    assert not any(t in common for c in out for t in c.token_ids)
+    for temperature in (1.0, 0.0):
+        forced = fastpar.generate_parallel(ctx, prompts, max_tokens=16, temperature=temperature, seed=4,
+                                           logit_bias={common[0]: 100}, progress=False)
+        assert all(c.token_ids == [common[0]] * 16 for c in forced), temperature
+    greedy = dict(max_tokens=16, temperature=0.0, progress=False)
+    # A bias of 0 takes the whole-row path (no argmax shortcut): the same greedy tokens.
+    assert ([c.token_ids for c in fastpar.generate_parallel(ctx, prompts, logit_bias={common[0]: 0.0}, **greedy)] ==
+            [c.token_ids for c in fastpar.generate_parallel(ctx, prompts, **greedy)])
+    params = [SP(max_tokens=4, temperature=0.0), SP(max_tokens=4, logit_bias={model.n_vocab: 1.0})]
+    ok, bad = fastpar.generate_parallel(ctx, prompts[:2], params, progress=False)
+    assert ok.finish_reason == "length" and bad.finish_reason == "error"
+    assert bad.error == f"logit_bias names token {model.n_vocab}, not a token id of this model (0 to {model.n_vocab - 1})"
+    for value, error in (({1: math.nan}, ValueError), ({1: math.inf}, ValueError), ({"x": 1.0}, TypeError),
+                         ({1: True}, TypeError), ([1, 2], TypeError), ({-1: 1.0}, ValueError)):
+        with pytest.raises(error, match="logit_bias"):
+            SP(logit_bias=value)
+    assert SP(logit_bias={"5": -1, 3: 2}).logit_bias == ((3, 2.0), (5, -1.0))
+    assert SP(logit_bias={3: 2})._params.logit_bias == [(3, 2.0)]
+    assert_clean(ctx)
+
+
 def test_sampling_params_values():
     d = fastpar._core.GenerateParams()
     p = SP()

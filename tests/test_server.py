@@ -263,6 +263,25 @@ def test_guided_choice(client):
         assert e.value.param == "guided_choice", e.value.body
 
 
+def test_logit_bias(client, model):
+    # OpenAI's field: +100 forces a token, false or -100 bans it; keys are token ids as strings.
+    token = model.tokenize(" yes", add_special=False)[0]
+    r = client.chat.completions.create(model="smol", messages=CHAT, max_tokens=4, temperature=1.0, seed=1,
+                                       logit_bias={str(token): 100})
+    assert r.choices[0].message.content == " yes" * 4, r.choices[0]
+    # Banning the first token of the greedy answer changes it; false bans as -100 does.
+    prompt = "The capital of France is"
+    plain = client.completions.create(model="smol", prompt=prompt, max_tokens=8, temperature=0).choices[0].text
+    first = model.tokenize(plain, add_special=False)[0]
+    banned = [client.completions.create(model="smol", prompt=prompt, max_tokens=8, temperature=0,
+                                        extra_body={"logit_bias": {str(first): b}}).choices[0].text for b in (-100, False)]
+    assert banned[0] == banned[1] and not banned[0].startswith(model.token_bytes(first).decode()), (plain, banned)
+    for bias in ({"x": 1}, {"1": 101}, {"1": "1"}, [1], {str(model.n_vocab): 1}):
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(model="smol", messages=CHAT, max_tokens=4, extra_body={"logit_bias": bias})
+        assert e.value.param == "logit_bias", e.value.body
+
+
 def test_limits_are_400s_naming_the_option(model):
     from fastpar.server import create_app
     from fastpar.server.protocol import Limits
@@ -690,14 +709,15 @@ def test_batch_failed_lines_are_retried_once_fixed(model, tmp_path):
     # the line of the file, and the column within it (not the JSON parser's "line 1")
     assert errors[3] == "line 3 of in.jsonl is not valid JSON: Expecting ',' delimiter at column 19"
 
-    # fixed, under the same custom_ids: answered, each once in the output
-    src.write_text("\n".join([good, _batch_line("b"), _batch_line("c")]) + "\n")
+    # fixed, under the same custom_ids: answered, each once in the output (a line may bias tokens)
+    src.write_text("\n".join([good, _batch_line("b"), _batch_line("c", logit_bias={"42": 100})]) + "\n")
     rerun = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert rerun.returncode == 0, rerun.stderr
     assert rerun.stderr.splitlines()[-1] == f"2 answered, 0 failed, 1 already in {out}", rerun.stderr
     by_id = _records(out)
     assert sorted(by_id) == ["a", "b", "c"]
     assert all(r["error"] is None and r["response"]["status_code"] == 200 for r in by_id.values()), by_id
+    assert by_id["c"]["response"]["body"]["choices"][0]["text"] == model.token_bytes(42).decode() * 2
 
 
 def test_batch_interrupted_by_ctrl_c_keeps_only_finished_lines(model, tmp_path):

@@ -95,6 +95,12 @@ typedef struct fastpar_context_params {
     const char * pooling;
 } fastpar_context_params;
 
+/* A bias added to one token's logit before sampling (OpenAI's logit_bias). */
+typedef struct fastpar_logit_bias {
+    int32_t token;
+    float bias;
+} fastpar_logit_bias;
+
 typedef struct fastpar_generate_params {
     int32_t max_tokens;
     float temperature; /* 0 = greedy */
@@ -118,6 +124,10 @@ typedef struct fastpar_generate_params {
     const char * const * choice; /* n_choice non-empty strings, one of which is every output, or
                                     NULL; at most one of json_schema, grammar and choice */
     int32_t n_choice;
+    const fastpar_logit_bias * logit_bias; /* n_logit_bias entries added to their tokens' logits
+                                              before sampling (entries for one token add up;
+                                              -INFINITY bans it), or NULL */
+    int32_t n_logit_bias;
     int32_t priority;          /* lowest first: which queued prompt takes a free slot first
                                   (first come first served among equals); 0 by default */
 } fastpar_generate_params;

@@ -5,6 +5,7 @@
 
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -18,6 +19,7 @@
 #define FASTPAR_CORE_TYPE_BOOL bool
 #define FASTPAR_CORE_TYPE_STRING std::string
 #define FASTPAR_CORE_TYPE_STRINGS std::vector<std::string>
+#define FASTPAR_CORE_TYPE_BIASES std::vector<std::pair<int32_t, float>>
 
 // One field of a fastpar_fields.h list as a read-write attribute of `options`, the
 // pybind11::class_ of its params struct in scope: FASTPAR_GENERATE_FIELDS(FASTPAR_PY_OPTION)

@@ -14,7 +14,7 @@ import inspect
 import json
 import math
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 from . import _core
@@ -191,6 +191,9 @@ class SamplingParams:
     ``json_schema`` (a dict or a JSON string, kept as JSON text: every output validates
     against it), ``grammar`` (GBNF text every output matches) and ``choice`` (a sequence of
     non-empty str, kept as a tuple: every output is exactly one of them); one of the three.
+    ``logit_bias``: a mapping of token id (an int, or its decimal str as in OpenAI's JSON) to
+    a number added to that token's logit before sampling; ``-math.inf`` bans the token
+    (kept as a tuple of (id, bias) pairs in id order).
     ``priority``: which queued prompt takes a free slot first, the lowest value (first come
     first served among equals); a running prompt is never stopped for another.
     ``prompt_logprobs``: each prompt token's log-probability given the tokens before it, in
@@ -218,6 +221,7 @@ class SamplingParams:
     json_schema: Optional[str] = None
     grammar: Optional[str] = None
     choice: Optional[Tuple[str, ...]] = None
+    logit_bias: Optional[Tuple[Tuple[int, float], ...]] = None
     priority: int = _default("priority")
     prompt_logprobs: bool = _default("prompt_logprobs")
 
@@ -254,6 +258,8 @@ class SamplingParams:
             if not choice:
                 raise ValueError("choice is empty; pass None for no choice")
             object.__setattr__(self, "choice", tuple(choice))
+        if self.logit_bias is not None:
+            object.__setattr__(self, "logit_bias", _logit_bias(self.logit_bias))
         given = [name for name in ("json_schema", "grammar", "choice") if getattr(self, name) is not None]
         if len(given) > 1:
             raise ValueError(f"{' and '.join(given)} were both given; a prompt takes one constraint")
@@ -263,6 +269,27 @@ class SamplingParams:
     def _from_options(cls, call: str, options: Dict[str, Any]) -> "SamplingParams":
         _check_names(call, options)
         return cls(**options)
+
+
+def _logit_bias(value: object) -> Tuple[Tuple[int, float], ...]:
+    """A mapping (or pairs) of token id to bias as sorted (id, bias) pairs; -inf bans."""
+    items = value.items() if isinstance(value, Mapping) else value
+    if isinstance(items, (str, bytes)) or not isinstance(items, Iterable):
+        raise TypeError(f"logit_bias must be a dict of token id to bias, got {type(value).__name__}")
+    out = {}
+    for pair in items:
+        if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+            raise TypeError("logit_bias must be a dict of token id to bias")
+        token, bias = pair
+        if isinstance(token, str) and token.strip().lstrip("-").isdigit():
+            token = int(token)
+        token = _int("logit_bias's token id", token)
+        if isinstance(bias, bool) or not isinstance(bias, (int, float)):
+            raise TypeError(f"logit_bias[{token}] must be a number, got {type(bias).__name__}")
+        if math.isnan(bias) or bias == math.inf:
+            raise ValueError(f"logit_bias[{token}] is {bias}: a bias is a finite number, or -math.inf to ban")
+        out[token] = float(bias)
+    return tuple(sorted(out.items()))
 
 
 #: How each plain option is checked, by the type of the core's field; the options that are
@@ -290,6 +317,9 @@ def _to_core(sp: SamplingParams) -> _core.GenerateParams:
         elif name in ("json_schema", "grammar"):
             if value is not None:
                 setattr(params, name, _text(value, name))
+        elif name == "logit_bias":
+            if value is not None:
+                params.logit_bias = list(value)
         else:
             _set(params, name, _CHECKS[type(getattr(_GENERATE_DEFAULTS, name))](name, value))
     params.validate()  # ranges, from the core: ValueError naming the option
@@ -300,7 +330,7 @@ def _to_core(sp: SamplingParams) -> _core.GenerateParams:
 #: their defaults and, for signatures and help(), the types a keyword accepts (stop and
 #: json_schema take more than the field keeps).
 _KEYWORD_TYPES = {"stop": Union[None, str, Sequence[str]], "json_schema": Union[None, str, Mapping[str, Any]],
-                  "choice": Optional[Sequence[str]]}
+                  "choice": Optional[Sequence[str]], "logit_bias": Optional[Mapping[Union[int, str], float]]}
 _HINTS = typing.get_type_hints(SamplingParams)
 _OPTIONS = {field.name: (field.default, _KEYWORD_TYPES.get(field.name, _HINTS[field.name]))
             for field in dataclasses.fields(SamplingParams)}

@@ -1,6 +1,7 @@
 /* Exercises fastpar_generate from plain C: parameters per prompt, n samples, chat-message
  * prompts, top log-probabilities and argument errors. Prints "capi-gen: ..." lines the
  * pytest driver compares with Python; exits non-zero on failure. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -124,6 +125,32 @@ int main(int argc, char ** argv) {
     CHECK(fastpar_generate(ctx, prompts, 1, &bad_gp, 1, &results, &n_results) == FASTPAR_ERR_INVALID_ARGUMENT,
           "schema and grammar");
     CHECK(results == NULL, "nothing allocated on errors");
+    bad_gp = fastpar_generate_default_params();
+    bad_gp.n_logit_bias = 1; /* and no entries */
+    CHECK(fastpar_generate(ctx, prompts, 1, &bad_gp, 1, &results, &n_results) == FASTPAR_ERR_INVALID_ARGUMENT &&
+              strstr(fastpar_last_error(), "logit_bias") != NULL,
+          "n_logit_bias without entries");
+
+    /* logit_bias: +100 on a token makes every generated token that one, sampled or greedy. */
+    const fastpar_logit_bias force[] = {{42, 100.0f}, {7, -INFINITY}};
+    fastpar_generate_params biased[2] = {fastpar_generate_default_params(), fastpar_generate_default_params()};
+    for (int i = 0; i < 2; ++i) {
+        biased[i].max_tokens = 6;
+        biased[i].seed = 5;
+        biased[i].logit_bias = force;
+        biased[i].n_logit_bias = 2;
+    }
+    biased[1].temperature = 0.0f;
+    CHECK(fastpar_generate(ctx, prompts, 2, biased, 2, &results, &n_results) == FASTPAR_OK && n_results == 2,
+          "logit_bias");
+    for (int k = 0; k < 2; ++k) {
+        CHECK(results[k].n_gen_tokens == 6, "logit_bias: 6 tokens");
+        for (int32_t i = 0; i < results[k].n_gen_tokens; ++i) {
+            CHECK(results[k].token_ids[i] == 42, "logit_bias forces token 42");
+        }
+    }
+    fastpar_results_free(results, n_results);
+    results = NULL;
 
     /* The interrupt check: a call it stops returns FASTPAR_ERR_INTERRUPTED, allocates
      * nothing and leaves the context clean (the next call's greedy tokens are those of a

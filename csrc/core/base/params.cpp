@@ -147,6 +147,16 @@ void validate(const GenerateParams & p) {
             static_cast<int>(!p.choice.empty()) > 1) {
         bad("json_schema, grammar and choice are three ways to constrain the output: give one of them");
     }
+    for (const auto & [token, bias] : p.logit_bias) {
+        if (token < 0) {
+            bad("logit_bias names token " + std::to_string(token) + ": token ids are >= 0");
+        }
+        // -inf bans a token; +inf or NaN would leave no finite logit to sample from.
+        if (std::isnan(bias) || bias == std::numeric_limits<float>::infinity()) {
+            bad("logit_bias of token " + std::to_string(token) + " is " + std::to_string(bias) +
+                ": a bias is a finite number, or -infinity to ban the token");
+        }
+    }
     for (size_t i = 0; i < p.choice.size(); ++i) {
         if (p.choice[i].empty()) {
             bad("choice[" + std::to_string(i) + "] is empty: every choice must be a non-empty string");

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace fastpar {
@@ -129,6 +130,9 @@ struct GenerateParams {
     std::string grammar;          // a GBNF grammar every output must match ("": none)
     // The output is exactly one of these strings (a grammar of their alternatives; empty: none).
     std::vector<std::string> choice;
+    // (token id, bias) pairs added to those tokens' logits before sampling (OpenAI's logit_bias;
+    // entries for one token add up); -infinity bans the token. The ids must be the model's.
+    std::vector<std::pair<int32_t, float>> logit_bias;
     // Which queued request takes a free slot first: the lowest value, first come first served
     // among equals (vLLM's priority). A running request is never stopped for another.
     int32_t priority = 0;

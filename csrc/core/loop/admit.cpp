@@ -29,12 +29,20 @@ void tokenize_prompt(const Model & model, const Prompt & prompt, Tokenized & out
     }
 }
 
-std::optional<Completion> refusal(const Tokenized & t, const GenerateParams & params, int32_t n_ctx_seq) {
+std::optional<Completion> refusal(const Tokenized & t, const GenerateParams & params, int32_t n_ctx_seq,
+                                  int32_t n_vocab) {
     Completion c;
     c.finish_reason = FinishReason::Error;
     if (t.failed) {
         c.error = t.error;
         return c;
+    }
+    for (const auto & bias : params.logit_bias) {
+        if (bias.first >= n_vocab) {
+            c.error = "logit_bias names token " + std::to_string(bias.first) + ", not a token id of this model (0 to " +
+                      std::to_string(n_vocab - 1) + ")";
+            return c;
+        }
     }
     const std::vector<llama_token> & tokens = t.tokens;
     if (tokens.empty()) {
@@ -127,7 +135,7 @@ void Scheduler::admit() {
             slot.order = n_admitted_++;
             continue;
         }
-        if (std::optional<Completion> c = refusal(t, params, n_ctx_seq_)) {
+        if (std::optional<Completion> c = refusal(t, params, n_ctx_seq_, model_.n_vocab())) {
             if (c->finish_reason == FinishReason::Error) {
                 ++stats_.n_failed;
             }

@@ -31,11 +31,13 @@ struct Tokenized {
 void tokenize_prompt(const Model & model, const Prompt & prompt, Tokenized & out);
 
 // The completion that ends a request with prompt `t` before it takes a slot, or none: it
-// may take one. In this order: tokenizing failed, the prompt is empty, it is too long for
-// `n_ctx_seq` positions (error), or there is nothing to decode (length: max_tokens = 0
-// without scoring, or scoring a one-token prompt, whose only log-probability is NaN). The
-// completion's times are the caller's to set.
-std::optional<Completion> refusal(const Tokenized & t, const GenerateParams & params, int32_t n_ctx_seq);
+// may take one. In this order: tokenizing failed, its logit_bias names a token outside the
+// model's `n_vocab`, the prompt is empty, it is too long for `n_ctx_seq` positions (error),
+// or there is nothing to decode (length: max_tokens = 0 without scoring, or scoring a
+// one-token prompt, whose only log-probability is NaN). The completion's times are the
+// caller's to set.
+std::optional<Completion> refusal(const Tokenized & t, const GenerateParams & params, int32_t n_ctx_seq,
+                                  int32_t n_vocab);
 
 // Starts `request` in `slot`, whose sampler and constraint are set already: calls its
 // on_start, sets up its prompt scoring, and leaves the slot decoding prompt `tokens`.

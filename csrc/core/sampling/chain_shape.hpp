@@ -12,7 +12,8 @@
 namespace fastpar {
 
 struct ChainShape {
-    bool penalties = false;  // a penalties sampler comes first (it needs the token history)
+    bool bias = false;       // a logit-bias sampler comes first (logit_bias)
+    bool penalties = false;  // then a penalties sampler (it needs the token history)
     bool greedy = false;     // temperature 0: the greedy sampler ends the chain
     int32_t top_k = 0;       // the top-k sampler's k (after any penalties); 0 = none, always with greedy
     // The request needs whole rows of logits whatever its chain: log-probabilities
@@ -22,6 +23,7 @@ struct ChainShape {
 
     static ChainShape of(const GenerateParams & p) {
         ChainShape s;
+        s.bias = !p.logit_bias.empty();
         s.penalties = p.repeat_penalty != 1.0f || p.frequency_penalty != 0.0f || p.presence_penalty != 0.0f;
         s.greedy = p.temperature <= 0.0f;
         s.top_k = s.greedy ? 0 : p.top_k;
@@ -29,12 +31,12 @@ struct ChainShape {
         return s;
     }
 
-    // The choice is the row's largest logit (greedy, no penalties).
-    bool argmax() const { return greedy && !penalties; }
+    // The choice is the row's largest logit (greedy, no bias or penalties).
+    bool argmax() const { return greedy && !bias && !penalties; }
     // How many of a row's best candidates the chain keeps before any other sampler sees
-    // them, which are then all it needs: 1 greedy, k with top-k; 0 (the whole row) with
-    // penalties first, which change logits outside the best, or with neither.
-    int32_t keeps_best() const { return penalties ? 0 : greedy ? 1 : top_k; }
+    // them, which are then all it needs: 1 greedy, k with top-k; 0 (the whole row) with a
+    // bias or penalties first, which change logits outside the best, or with neither.
+    int32_t keeps_best() const { return bias || penalties ? 0 : greedy ? 1 : top_k; }
 };
 
 }  // namespace fastpar

@@ -51,7 +51,7 @@ public:
     // n_vocab into more than kTopBlocks blocks; 0 when there is none (no reduction).
     static int32_t block_for(int32_t n_vocab);
     // Whether a chain of shape `shape` can start from the candidates: it keeps only the
-    // best 1..kTopBlocks of a row (greedy or top-k, no penalties: they change logits
+    // best 1..kTopBlocks of a row (greedy or top-k, no bias or penalties: they change logits
     // outside the candidates), and its request does not need whole rows (no logprobs,
     // top_logprobs, json_schema, grammar or choice: ChainShape::whole_rows).
     static bool serves(const ChainShape & shape);

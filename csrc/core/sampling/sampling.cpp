@@ -406,6 +406,16 @@ SamplerPtr make_sampler(const GenerateParams & p, uint32_t seed, int32_t n_vocab
         llama_sampler_chain_add(chain.get(), s);  // the chain owns it from here
     };
     const ChainShape shape = ChainShape::of(p);
+    if (shape.bias) {  // first, as llama.cpp's common sampler puts it
+        std::vector<llama_logit_bias> bias;
+        for (const auto & [token, value] : p.logit_bias) {
+            if (token >= n_vocab) {  // refusal() answers this per prompt; llama.cpp would index past the row
+                throw InvalidArgument("logit_bias names token " + std::to_string(token) + ", outside the vocabulary");
+            }
+            bias.push_back({token, value});
+        }
+        add(llama_sampler_init_logit_bias(n_vocab, static_cast<int32_t>(bias.size()), bias.data()));
+    }
     if (shape.penalties) {
         add(llama_sampler_init_penalties(n_vocab, p.repeat_last_n, p.repeat_penalty, p.frequency_penalty,
                                          p.presence_penalty));

@@ -19,7 +19,7 @@ struct SamplerDeleter {
 };
 using SamplerPtr = std::unique_ptr<llama_sampler, SamplerDeleter>;
 
-// penalties -> (greedy | top_k -> top_p -> min_p -> temperature -> dist(seed)), the
+// logit bias -> penalties -> (greedy | top_k -> top_p -> min_p -> temperature -> dist(seed)), the
 // samplers ChainShape::of(params) names. `seed` is the resolved seed (never -1).
 SamplerPtr make_sampler(const GenerateParams & params, uint32_t seed, int32_t n_vocab);
 

@@ -4,6 +4,7 @@ dependencies: ``fastpar serve`` and ``fastpar run`` share it)."""
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -156,6 +157,23 @@ def _unsupported(body: Mapping, names: Tuple[str, ...]) -> None:
             raise _bad(name, f"'{name}' is not supported by this server")
 
 
+def _logit_bias(body: Mapping) -> Dict[int, float]:
+    """OpenAI's logit_bias: token ids (as strings) to a bias from -100 to 100; false bans the
+    token, as llama-server takes it. Ids outside the vocabulary are the core's 400."""
+    value = _get(body, "logit_bias", (dict,), "an object of token ids to biases", {})
+    out = {}
+    for key, bias in value.items():
+        if not key.strip().lstrip("-").isdigit():
+            raise _bad("logit_bias", f"'logit_bias' keys are token ids, got {key!r}"[:300])
+        if bias is False:
+            out[int(key)] = -math.inf
+        elif isinstance(bias, bool) or not isinstance(bias, (int, float)) or not -100 <= bias <= 100:
+            raise _bad("logit_bias", f"'logit_bias' values are numbers from -100 to 100 (false bans), got {bias!r}"[:300])
+        else:
+            out[int(key)] = float(bias)
+    return out
+
+
 def _sampling(body: Mapping, chat: bool, n_ctx_per_seq: int, limits: Limits) -> Tuple[Dict[str, Any], int, int]:
     """The SamplingParams options, ``n`` and the number of top log-probabilities asked for."""
     opts: Dict[str, Any] = {}
@@ -196,6 +214,9 @@ def _sampling(body: Mapping, chat: bool, n_ctx_per_seq: int, limits: Limits) -> 
         stop = [s for s in stop if s]
         if stop:
             opts["stop"] = stop
+    bias = _logit_bias(body)
+    if bias:
+        opts["logit_bias"] = bias
     # vLLM's field: a lower value takes a free slot before the requests queued with higher ones.
     priority = _integer(body, "priority", -(1 << 31), (1 << 31) - 1, None)
     if priority is not None:
@@ -242,6 +263,7 @@ def _sampling(body: Mapping, chat: bool, n_ctx_per_seq: int, limits: Limits) -> 
 
 def _param_of(message: str, default: str) -> str:
     names = {"json_schema": "response_format", "grammar": "response_format", "choice": "guided_choice",
+             "logit_bias": "logit_bias",
              "stop": "stop", "seed": "seed",
              "top_logprobs": "top_logprobs", "max_tokens": "max_tokens", "temperature": "temperature",
              "top_p": "top_p", "top_k": "top_k", "min_p": "min_p"}
@@ -366,10 +388,10 @@ def parse(body: Any, chat: bool, n_ctx_per_seq: int, limits: Limits = Limits()) 
     if not isinstance(body, Mapping):
         raise APIError(400, "the request body must be a JSON object")
     if chat:
-        _unsupported(body, ("tools", "functions", "logit_bias", "audio"))
+        _unsupported(body, ("tools", "functions", "audio"))
         prompts: List[Any] = [_messages(body)]
     else:
-        _unsupported(body, ("suffix", "logit_bias"))
+        _unsupported(body, ("suffix",))
         prompts = _prompts(body, limits)
     stream = _get(body, "stream", (bool,), "a boolean", False)
     so = body.get("stream_options")
@@ -387,6 +409,8 @@ def parse(body: Any, chat: bool, n_ctx_per_seq: int, limits: Limits = Limits()) 
 def prompt_failure(c: Completion, param: str) -> Optional[APIError]:
     """A prompt that could not be served (too long, empty, ...) is the request's 400."""
     if c.finish_reason == "error" and c.n_gen_tokens == 0:
+        if (c.error or "").startswith("logit_bias "):  # a token id outside the vocabulary
+            return _bad("logit_bias", c.error or "")
         code = "context_length_exceeded" if "n_ctx_per_seq" in (c.error or "") else None
         message = c.error or "the prompt failed"
         return _bad(param, message if param in ("prompt", "messages") else f"'{param}': {message}", code)
