@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cmath>
 #include <functional>
+#include <map>
 #include <memory>
 #include <random>
 
@@ -407,11 +408,17 @@ SamplerPtr make_sampler(const GenerateParams & p, uint32_t seed, int32_t n_vocab
     };
     const ChainShape shape = ChainShape::of(p);
     if (shape.bias) {  // first, as llama.cpp's common sampler puts it
-        std::vector<llama_logit_bias> bias;
+        // One entry a token, the sum of its entries: llama.cpp's sampler adds every entry of a
+        // token in a row of the whole vocabulary but only the first in a shorter one.
+        std::map<int32_t, float> sums;
         for (const auto & [token, value] : p.logit_bias) {
             if (token >= n_vocab) {  // refusal() answers this per prompt; llama.cpp would index past the row
                 throw InvalidArgument("logit_bias names token " + std::to_string(token) + ", outside the vocabulary");
             }
+            sums[token] += value;
+        }
+        std::vector<llama_logit_bias> bias;
+        for (const auto & [token, value] : sums) {
             bias.push_back({token, value});
         }
         add(llama_sampler_init_logit_bias(n_vocab, static_cast<int32_t>(bias.size()), bias.data()));
