@@ -30,7 +30,9 @@
 #' @param ... Further options by name: `grammar` (GBNF text, `NA` for none; not with
 #'   `json_schema`), `choice` (the outputs allowed, each output exactly one of them: a
 #'   character vector for every prompt, or a list with one per prompt; not with
-#'   `json_schema` or `grammar`), `priority` (which queued prompt takes a free slot first:
+#'   `json_schema` or `grammar`), `logit_bias` (a numeric vector named by token ids, added to
+#'   those tokens' logits before sampling: `c("42" = 100)` forces token 42, `-Inf` bans a
+#'   token; or a list with one such vector per prompt), `priority` (which queued prompt takes a free slot first:
 #'   the lowest value, first come first served among equals), `logprobs` (`TRUE` adds a list column `logprobs`, the log-probability
 #'   of every generated token), `top_logprobs` (`k` from 1 to 20 adds a list column
 #'   `top_logprobs`: for each row a list of two matrices with a row per generated token and
@@ -93,6 +95,7 @@ generate_parallel <- function(ctx, prompts, max_tokens = NULL, temperature = NUL
   opts <- list()
   for (name in c(names(defaults), setdiff(.options("generate"), names(defaults)))) {
     opts[name] <- list(if (name %in% c("stop", "choice")) .strings(given[[name]], k, name) else
+      if (name == "logit_bias") .biases(given[[name]], k) else
       .per_prompt(given[[name]], name, k, .kind(name, defaults[[name]])))
   }
   opts <- opts[!vapply(opts, is.null, TRUE)]
@@ -116,7 +119,7 @@ generate_parallel <- function(ctx, prompts, max_tokens = NULL, temperature = NUL
   model = character(),
   context = c("n_batch", "device_sampling", "warmup", "kv_unified", "share_prefixes", "type_k", "type_v",
               "prefix_cache_mib", "prefix_cache_dir", "embeddings", "pooling"),
-  generate = c("grammar", "choice", "priority", "logprobs", "top_logprobs", "presence_penalty", "frequency_penalty", "repeat_last_n")
+  generate = c("grammar", "choice", "logit_bias", "priority", "logprobs", "top_logprobs", "presence_penalty", "frequency_penalty", "repeat_last_n")
 )
 
 .options <- function(what) {
@@ -215,4 +218,21 @@ generate_parallel <- function(ctx, prompts, max_tokens = NULL, temperature = NUL
     stop(what, " must be one character vector or one per prompt (", k, "), got ", length(x), call. = FALSE)
   }
   x
+}
+
+# Logit biases: a numeric vector named by token ids for all prompts, or a list with one per
+# prompt; the C glue reads each name as the token id.
+.biases <- function(x, k) {
+  if (is.null(x)) return(NULL)
+  if (!is.list(x)) x <- list(x)
+  ok <- function(b) is.numeric(b) && !anyNA(b) && all(b < Inf) && !is.null(names(b)) &&
+    all(grepl("^[0-9]+$", names(b)))
+  if (!all(vapply(x, ok, TRUE))) {
+    stop("logit_bias must be a numeric vector named by token ids (e.g. c(\"42\" = 100); -Inf bans), ",
+         "or a list of them (one per prompt)", call. = FALSE)
+  }
+  if (length(x) != 1 && length(x) != k) {
+    stop("logit_bias must be one vector or one per prompt (", k, "), got ", length(x), call. = FALSE)
+  }
+  lapply(x, function(b) stats::setNames(as.double(b), names(b)))
 }

@@ -20,6 +20,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -30,11 +31,12 @@
 #include "config.h"
 #include "fastpar.h"
 #include "fastpar_fields.h"
+#include "fastpar_r.h"
 
 /* ---- handles ---------------------------------------------------------------------- */
 
 static SEXP model_tag(void) { return Rf_install("fastpar_model"); }
-static SEXP context_tag(void) { return Rf_install("fastpar_context"); }
+SEXP context_tag(void) { return Rf_install("fastpar_context"); }
 
 static void model_finalizer(SEXP ptr) {
     fastpar_model_free((fastpar_model *) R_ExternalPtrAddr(ptr));
@@ -46,21 +48,21 @@ static void context_finalizer(SEXP ptr) {
     R_ClearExternalPtr(ptr);
 }
 
-static void results_finalizer(SEXP ptr) {
+void results_finalizer(SEXP ptr) {
     fastpar_results_free((fastpar_completion *) R_ExternalPtrAddr(ptr),
                          Rf_asInteger(R_ExternalPtrProtected(ptr)));
     R_ClearExternalPtr(ptr);
 }
 
 /* An empty owner for a resource still to be made; its finalizer frees whatever it holds. */
-static SEXP owner(SEXP tag, SEXP keep, R_CFinalizer_t finalizer) {
+SEXP owner(SEXP tag, SEXP keep, R_CFinalizer_t finalizer) {
     SEXP ptr = PROTECT(R_MakeExternalPtr(NULL, tag, keep));
     R_RegisterCFinalizerEx(ptr, finalizer, TRUE);
     UNPROTECT(1);
     return ptr;
 }
 
-static void * handle(SEXP ptr, SEXP tag, const char * what) {
+void * handle(SEXP ptr, SEXP tag, const char * what) {
     if (TYPEOF(ptr) != EXTPTRSXP || R_ExternalPtrTag(ptr) != tag) {
         Rf_error("expected a fastpar %s", what);
     }
@@ -86,7 +88,7 @@ static const char * status_name(fastpar_status status) {
 
 /* list(status = , message = ) of class "fastpar_failure", made right after the failed call
  * (fastpar_last_error() is valid until the next fastpar call on this thread). */
-static SEXP failure(fastpar_status status) {
+SEXP failure(fastpar_status status) {
     const char * names[] = {"status", "message", ""};
     SEXP out = PROTECT(Rf_mkNamed(VECSXP, names));
     SET_VECTOR_ELT(out, 0, Rf_mkString(status_name(status)));
@@ -115,13 +117,13 @@ static bool lgl_at(SEXP x, R_xlen_t i) { return LOGICAL(x)[at(x, i)] == TRUE; }
 
 /* The options R passes (R = 1 in fastpar_fields.h), each with where it lies in its C struct,
  * so that one loop converts them all. R/ coerces every option to its kind's R type first. */
-typedef enum { KIND_INT32, KIND_INT64, KIND_FLOAT, KIND_BOOL, KIND_STRING, KIND_STRINGS } field_kind;
+typedef enum { KIND_INT32, KIND_INT64, KIND_FLOAT, KIND_BOOL, KIND_STRING, KIND_STRINGS, KIND_BIASES } field_kind;
 
 typedef struct {
     const char * name;
     field_kind kind;
     size_t offset;
-    size_t count_offset; /* STRINGS: where n_<name> lies */
+    size_t count_offset; /* STRINGS, BIASES: where n_<name> lies */
 } r_field;
 
 #define OPT_COUNT_INT32(S, name) 0
@@ -130,6 +132,7 @@ typedef struct {
 #define OPT_COUNT_BOOL(S, name) 0
 #define OPT_COUNT_STRING(S, name) 0
 #define OPT_COUNT_STRINGS(S, name) offsetof(S, n_##name)
+#define OPT_COUNT_BIASES(S, name) offsetof(S, n_##name)
 #define OPT_FIELD(name, kind, c, py, r) \
     FASTPAR_WHEN(r, {#name, KIND_##kind, offsetof(OPT_STRUCT, name), OPT_COUNT_##kind(OPT_STRUCT, name)},)
 
@@ -169,6 +172,19 @@ static void set_field(void * params, const r_field * f, SEXP x, R_xlen_t i) {
             *(int32_t *) ((char *) params + f->count_offset) = n;
             break;
         }
+        case KIND_BIASES: { /* a double vector named by token ids (R/ checked the names) */
+            SEXP b = VECTOR_ELT(x, at(x, i));
+            SEXP names = Rf_getAttrib(b, R_NamesSymbol);
+            const int n = Rf_length(b);
+            fastpar_logit_bias * biases = (fastpar_logit_bias *) R_alloc((size_t) n + 1, sizeof(fastpar_logit_bias));
+            for (int k = 0; k < n; ++k) {
+                biases[k].token = (int32_t) strtol(CHAR(STRING_ELT(names, k)), NULL, 10);
+                biases[k].bias = (float) REAL(b)[k];
+            }
+            *(const fastpar_logit_bias **) p = n > 0 ? biases : NULL;
+            *(int32_t *) ((char *) params + f->count_offset) = n;
+            break;
+        }
     }
 }
 
@@ -186,7 +202,7 @@ static void set_options(void * params, const r_field * fields, size_t n_fields, 
 static SEXP defaults_list(const void * params, const r_field * fields, size_t n_fields) {
     int n = 0;
     for (size_t k = 0; k < n_fields; ++k) {
-        n += fields[k].kind != KIND_STRING && fields[k].kind != KIND_STRINGS;
+        n += fields[k].kind != KIND_STRING && fields[k].kind != KIND_STRINGS && fields[k].kind != KIND_BIASES;
     }
     SEXP out = PROTECT(Rf_allocVector(VECSXP, n));
     SEXP names = PROTECT(Rf_allocVector(STRSXP, n));
@@ -214,7 +230,7 @@ static SEXP defaults_list(const void * params, const r_field * fields, size_t n_
 
 /* How often a generate call looks for a pending Ctrl-C. */
 #define POLL_INTERVAL_S 0.05
-static double g_next_poll;
+double g_next_poll;
 
 static double now_s(void) {
     struct timespec t;
@@ -322,7 +338,7 @@ static SEXP fastpar_r_is_live(SEXP ptr) {
     return Rf_ScalarLogical(TYPEOF(ptr) == EXTPTRSXP && R_ExternalPtrAddr(ptr) != NULL);
 }
 
-static SEXP stats_list(const fastpar_stats * s) {
+SEXP stats_list(const fastpar_stats * s) {
     const char * names[] = {"n_prompts", "n_failed", "n_prompt_tokens", "n_prompt_tokens_shared",
                             "n_prompt_tokens_cached", "n_gen_tokens",
                             "t_prompt_ms", "t_gen_ms", "t_wall_ms", "prompt_tokens_per_s", "gen_tokens_per_s",
@@ -516,66 +532,6 @@ static SEXP fastpar_r_generate(SEXP ctx_ptr, SEXP prompts, SEXP opts, SEXP per_p
     SET_VECTOR_ELT(out, 0, cols);
     SET_VECTOR_ELT(out, 1, stats);
     UNPROTECT(5);
-    return out;
-}
-
-/* texts: a character vector (UTF-8); normalize: TRUE/FALSE; query: NULL, or a string whose
- * pairs with the texts a reranker scores (fastpar_rerank). Returns list(rows = a numeric
- * matrix, one row per text (NA where a text failed), errors = a character vector (NA where
- * it did not), n_prompt_tokens, stats), NULL when interrupted, or a fastpar_failure. */
-static SEXP fastpar_r_embed(SEXP ctx_ptr, SEXP texts, SEXP normalize, SEXP query) {
-    fastpar_context * ctx = (fastpar_context *) handle(ctx_ptr, context_tag(), "context");
-    const R_xlen_t n = Rf_xlength(texts);
-    const char ** in = (const char **) R_alloc((size_t) n + 1, sizeof(char *));
-    for (R_xlen_t i = 0; i < n; ++i) {
-        in[i] = Rf_translateCharUTF8(STRING_ELT(texts, i));
-    }
-    /* The results' owner exists before the results (as in fastpar_r_generate). */
-    SEXP count = PROTECT(Rf_ScalarInteger(0));
-    SEXP held = PROTECT(owner(R_NilValue, count, results_finalizer));
-    fastpar_completion * results = NULL;
-    g_next_poll = 0.0;
-    const fastpar_status st =
-        query == R_NilValue
-            ? fastpar_embed(ctx, in, (int32_t) n, LOGICAL(normalize)[0] == TRUE, &results)
-            : fastpar_rerank(ctx, Rf_translateCharUTF8(STRING_ELT(query, 0)), in, (int32_t) n, &results);
-    if (st == FASTPAR_ERR_INTERRUPTED) {
-        UNPROTECT(2);
-        return R_NilValue;
-    }
-    if (st != FASTPAR_OK) {
-        UNPROTECT(2);
-        return failure(st);
-    }
-    INTEGER(count)[0] = (int) n;
-    R_SetExternalPtrAddr(held, results);
-    int dim = 0;
-    for (R_xlen_t i = 0; i < n; ++i) {
-        dim = results[i].n_embedding > dim ? results[i].n_embedding : dim;
-    }
-    SEXP rows = PROTECT(Rf_allocMatrix(REALSXP, (int) n, dim));
-    SEXP errors = PROTECT(Rf_allocVector(STRSXP, n));
-    SEXP n_tokens = PROTECT(Rf_allocVector(INTSXP, n));
-    for (R_xlen_t i = 0; i < n; ++i) {
-        const fastpar_completion * c = &results[i];
-        const bool ok = c->finish_reason != FASTPAR_FINISH_ERROR && c->n_embedding == dim;
-        for (int k = 0; k < dim; ++k) {  /* column-major: element (i, k) */
-            REAL(rows)[i + (R_xlen_t) k * n] = ok ? (double) c->embedding[k] : NA_REAL;
-        }
-        SET_STRING_ELT(errors, i, ok ? NA_STRING : Rf_mkCharCE(c->error != NULL ? c->error : "no vector", CE_UTF8));
-        INTEGER(n_tokens)[i] = c->n_prompt_tokens;
-    }
-    results_finalizer(held);
-    fastpar_stats s;
-    SEXP stats = n > 0 && fastpar_context_last_stats(ctx, &s) == FASTPAR_OK ? stats_list(&s) : R_NilValue;
-    PROTECT(stats);
-    const char * names[] = {"rows", "errors", "n_prompt_tokens", "stats", ""};
-    SEXP out = PROTECT(Rf_mkNamed(VECSXP, names));
-    SET_VECTOR_ELT(out, 0, rows);
-    SET_VECTOR_ELT(out, 1, errors);
-    SET_VECTOR_ELT(out, 2, n_tokens);
-    SET_VECTOR_ELT(out, 3, stats);
-    UNPROTECT(7);
     return out;
 }
 

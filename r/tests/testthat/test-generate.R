@@ -158,3 +158,21 @@ test_that("choice makes every output one of the labels, per prompt or for all", 
   expect_true(out$text[1] %in% c("red", "blue") && out$text[2] %in% c("one", "two"))
   expect_error(generate_parallel(ctx, "Hi", choice = list("a", "b", "c")), "one per prompt")
 })
+
+test_that("logit_bias forces and bans tokens, per prompt or for all", {
+  ctx <- test_context()
+  prompts <- c("The capital of France is", "Water boils at")
+  out <- generate_parallel(ctx, prompts, logit_bias = c("42" = 100), temperature = 1, seed = 2, max_tokens = 5)
+  expect_true(all(vapply(out$token_ids, function(t) all(t == 42L), TRUE)))
+  plain <- generate_parallel(ctx, prompts, temperature = 0, max_tokens = 5)
+  first <- plain$token_ids[[1]][1]
+  ban <- stats::setNames(c(-Inf, 100), c(first, 42))
+  out <- generate_parallel(ctx, prompts, logit_bias = list(ban[1], ban[2]), temperature = 0, max_tokens = 5)
+  expect_false(first %in% out$token_ids[[1]])
+  expect_true(all(out$token_ids[[2]] == 42L))
+  expect_error(generate_parallel(ctx, "Hi", logit_bias = c(100)), "named by token ids")
+  expect_error(generate_parallel(ctx, "Hi", logit_bias = c("x" = 1)), "named by token ids")
+  out <- generate_parallel(ctx, "Hi", logit_bias = c("99999999" = 1), max_tokens = 2)
+  expect_equal(out$finish_reason, "error")
+  expect_match(out$error, "logit_bias names token 99999999")
+})
