@@ -226,7 +226,7 @@ generate_parallel <- function(ctx, prompts, max_tokens = NULL, temperature = NUL
   if (is.null(x)) return(NULL)
   if (!is.list(x)) x <- list(x)
   ok <- function(b) is.numeric(b) && !anyNA(b) && all(b < Inf) && !is.null(names(b)) &&
-    all(grepl("^[0-9]+$", names(b)))
+    all(grepl("^[0-9]{1,10}$", names(b))) && all(as.numeric(names(b)) < 2^31)
   if (!all(vapply(x, ok, TRUE))) {
     stop("logit_bias must be a numeric vector named by token ids (e.g. c(\"42\" = 100); -Inf bans), ",
          "or a list of them (one per prompt)", call. = FALSE)

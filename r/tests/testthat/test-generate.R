@@ -172,6 +172,7 @@ test_that("logit_bias forces and bans tokens, per prompt or for all", {
   expect_true(all(out$token_ids[[2]] == 42L))
   expect_error(generate_parallel(ctx, "Hi", logit_bias = c(100)), "named by token ids")
   expect_error(generate_parallel(ctx, "Hi", logit_bias = c("x" = 1)), "named by token ids")
+  expect_error(generate_parallel(ctx, "Hi", logit_bias = c("4294967338" = 1)), "named by token ids")
   out <- generate_parallel(ctx, "Hi", logit_bias = c("99999999" = 1), max_tokens = 2)
   expect_equal(out$finish_reason, "error")
   expect_match(out$error, "logit_bias names token 99999999")
