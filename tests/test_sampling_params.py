@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import math
@@ -178,11 +179,8 @@ def test_logit_bias_bans_and_forces_tokens(model):
     prompts = [f"Write a short sentence about the number {i}." for i in range(8)]
     sampled = dict(max_tokens=125, temperature=1.0, seed=3, ignore_eos=True, progress=False)
     base = fastpar.generate_parallel(ctx, prompts, **sampled)
-    counts: dict = {}
-    for c in base:
-        for t in c.token_ids:
-            counts[t] = counts.get(t, 0) + 1
-    common = sorted(counts, key=counts.get, reverse=True)[:3]
+    counts = collections.Counter(t for c in base for t in c.token_ids)
+    common = [t for t, _ in counts.most_common(3)]
     assert counts[common[2]] >= 20  # each banned token would have come up often
     ban = {common[0]: -math.inf, common[1]: -math.inf, str(common[2]): -100}  # str: as OpenAI's JSON keys
     out = fastpar.generate_parallel(ctx, prompts, logit_bias=ban, **sampled)

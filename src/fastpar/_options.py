@@ -281,7 +281,9 @@ def _logit_bias(value: object) -> Tuple[Tuple[int, float], ...]:
         if not isinstance(pair, (tuple, list)) or len(pair) != 2:
             raise TypeError("logit_bias must be a dict of token id to bias")
         token, bias = pair
-        if isinstance(token, str) and token.strip().lstrip("-").isdigit():
+        if isinstance(token, str):
+            if not token.strip().lstrip("-").isdigit():
+                raise TypeError(f"logit_bias's token ids are ints or decimal strs, got {token!r}"[:300])
             token = int(token)
         token = _int("logit_bias's token id", token)
         if isinstance(bias, bool) or not isinstance(bias, (int, float)):

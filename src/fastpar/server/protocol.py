@@ -157,20 +157,19 @@ def _unsupported(body: Mapping, names: Tuple[str, ...]) -> None:
             raise _bad(name, f"'{name}' is not supported by this server")
 
 
-def _logit_bias(body: Mapping) -> Dict[int, float]:
+def _logit_bias(body: Mapping) -> Dict[str, float]:
     """OpenAI's logit_bias: token ids (as strings) to a bias from -100 to 100; false bans the
-    token, as llama-server takes it. Ids outside the vocabulary are the core's 400."""
+    token, as llama-server takes it. SamplingParams reads the ids (a bad one is a 400 naming
+    logit_bias, as is an id outside the vocabulary, from the core)."""
     value = _get(body, "logit_bias", (dict,), "an object of token ids to biases", {})
-    out = {}
+    out: Dict[str, float] = {}
     for key, bias in value.items():
-        if not key.strip().lstrip("-").isdigit():
-            raise _bad("logit_bias", f"'logit_bias' keys are token ids, got {key!r}"[:300])
         if bias is False:
-            out[int(key)] = -math.inf
+            out[key] = -math.inf
         elif isinstance(bias, bool) or not isinstance(bias, (int, float)) or not -100 <= bias <= 100:
             raise _bad("logit_bias", f"'logit_bias' values are numbers from -100 to 100 (false bans), got {bias!r}"[:300])
         else:
-            out[int(key)] = float(bias)
+            out[key] = float(bias)
     return out
 
 
