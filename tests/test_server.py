@@ -263,6 +263,22 @@ def test_guided_choice(client):
         assert e.value.param == "guided_choice", e.value.body
 
 
+def test_guided_regex(client):
+    # vLLM's extra field: every output matches the regex whole, streamed or not.
+    regex = r"\d{3}-\d{4}"
+    r = client.chat.completions.create(model="smol", messages=CHAT, max_tokens=32, temperature=1.0, seed=2, n=4,
+                                       extra_body={"guided_regex": regex})
+    assert all(re.fullmatch(regex, c.message.content) and c.finish_reason == "stop" for c in r.choices), r.choices
+    stream = client.completions.create(model="smol", prompt="Call me at", max_tokens=32, temperature=0, stream=True,
+                                       extra_body={"guided_regex": regex})
+    assert re.fullmatch(regex, "".join(chunk.choices[0].text for chunk in stream if chunk.choices))
+    for extra in ({"guided_regex": ""}, {"guided_regex": 5}, {"guided_regex": "(?=a)b"}, {"guided_regex": "(ab"},
+                  {"guided_regex": "a", "guided_choice": ["a"]}):
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(model="smol", messages=CHAT, max_tokens=4, extra_body=extra)
+        assert e.value.param == "guided_regex", e.value.body
+
+
 def test_logit_bias(client, model):
     # OpenAI's field: +100 forces a token, false or -100 bans it; keys are token ids as strings.
     token = model.tokenize(" yes", add_special=False)[0]

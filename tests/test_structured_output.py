@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -75,6 +76,42 @@ def test_choice_outputs_are_exactly_the_labels(ctx):
                               ({"choice": ["a"], "json_schema": {"enum": ["a"]}}, ValueError, "one constraint")):
         with pytest.raises(error, match=match):
             fastpar.generate_parallel(ctx, prompts[:1], **bad)
+
+
+# Regexes over what the subset holds: classes and shorthands (\d \w \s \S, ASCII), escaped
+# punctuation the converter does not take itself (\/ \#), quotes, alternation, groups,
+# counted repeats, optional anchors, text beyond ASCII. Bounded, so max_tokens never cuts one.
+# The flag: the default model's outputs vary under it (others it finishes one way, as after
+# "a/b#c" it always breaks the line).
+REGEXES = [(r"\d{3}-\d{4}", True), (r"(yes|no|maybe)", False), (r"[A-Z][a-z]{2,8} \w{1,8}\.", True),
+           (r"^https?://[a-z]{1,8}\.(com|org)/\S{0,6}$", True), (r"\(\d{1,3}\) \[ok\]", False),
+           (r'"[^"\n]{1,10}"', True), (r"a\/b\#c\s?d", False), (r"(?:caf[eé] ){1,2}(au lait|noir)", True)]
+
+
+@pytest.mark.parametrize("regex,varied", REGEXES)
+def test_regex_outputs_match_whole(ctx, regex, varied):
+    # Sampled at temperature 1 with no top-k, top-p or min-p: whatever the grammar lets through
+    # is reachable, and every output must still match.
+    prompts = [f"Example {i}: {'a phone number' if i % 2 else 'an answer'} is" for i in range(24)]
+    out = fastpar.generate_parallel(ctx, prompts, regex=regex, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
+                                    seed=9, max_tokens=48)
+    assert all(c.finish_reason == "stop" for c in out), [(c.text, c.finish_reason) for c in out]
+    assert all(re.fullmatch(regex, c.text) for c in out), [c.text for c in out if not re.fullmatch(regex, c.text)]
+    assert len({c.text for c in out}) >= (2 if varied else 1)  # sampled, not one forced answer
+
+
+def test_regexes_outside_the_subset_are_refused_naming_why(ctx):
+    for regex, match in ((r"(?=a)b", "outside the supported subset"), (r"a\bb", "outside the supported subset"),
+                         (r"(a)\1", "outside the supported subset"), (r"(?P<n>a)", "outside the supported subset"),
+                         (r"a|^b", "outside the supported subset"), (r"(ab", "unbalanced parentheses"),
+                         ("^$", "only the empty string"), (r"[\D]x", r"\\D inside a character class"),
+                         ("ab\\", "lone backslash")):
+        with pytest.raises(ValueError, match=match):
+            fastpar.generate_parallel(ctx, ["x"], regex=regex, max_tokens=4)
+    for bad, error, match in (({"regex": ""}, ValueError, "regex is empty"), ({"regex": 5}, TypeError, "regex must be"),
+                              ({"regex": "a", "choice": ["a"]}, ValueError, "one constraint")):
+        with pytest.raises(error, match=match):
+            fastpar.generate_parallel(ctx, ["x"], **bad)
 
 
 def test_invalid_grammar_fails_alone(model):

@@ -122,7 +122,7 @@ typedef struct fastpar_generate_params {
     const char * json_schema;  /* JSON schema every output validates against, or NULL */
     const char * grammar;      /* GBNF grammar every output matches, or NULL */
     const char * const * choice; /* n_choice non-empty strings, one of which is every output, or
-                                    NULL; at most one of json_schema, grammar and choice */
+                                    NULL */
     int32_t n_choice;
     const fastpar_logit_bias * logit_bias; /* n_logit_bias entries added to their tokens' logits
                                               before sampling (entries for one token add up;
@@ -130,6 +130,8 @@ typedef struct fastpar_generate_params {
     int32_t n_logit_bias;
     int32_t priority;          /* lowest first: which queued prompt takes a free slot first
                                   (first come first served among equals); 0 by default */
+    const char * regex;        /* regular expression every output matches whole, or NULL; at
+                                  most one of json_schema, grammar, choice and regex */
 } fastpar_generate_params;
 
 /* One chat message; a prompt of messages is rendered with the model's own chat template. */

@@ -167,9 +167,6 @@ fastpar::ContextParams to_core(const fastpar_context_params & c) {
 }
 
 fastpar::GenerateParams to_core(const fastpar_generate_params & c) {
-    if (c.json_schema != nullptr && c.grammar != nullptr) {
-        throw std::invalid_argument("json_schema and grammar were both given; a prompt takes one constraint");
-    }
     fastpar::GenerateParams core;
     FASTPAR_GENERATE_FIELDS(FASTPAR_TO_CORE)
     return core;

@@ -81,6 +81,7 @@
     X(choice,               STRINGS, 1, 1, 1)                               \
     X(logit_bias,           BIASES,  1, 1, 1)                               \
     X(priority,             INT32,   1, 1, 1)                               \
+    X(regex,                STRING,  1, 1, 1)                               \
     X(prompt_logprobs,      BOOL,    0, 1, 0)                               \
     X(prompt_logprobs_from, INT32,   0, 0, 0)
 

@@ -30,7 +30,9 @@
 #' @param ... Further options by name: `grammar` (GBNF text, `NA` for none; not with
 #'   `json_schema`), `choice` (the outputs allowed, each output exactly one of them: a
 #'   character vector for every prompt, or a list with one per prompt; not with
-#'   `json_schema` or `grammar`), `logit_bias` (a numeric vector named by token ids, added to
+#'   `json_schema` or `grammar`), `regex` (a regular expression every output matches whole,
+#'   as Python's `re.fullmatch`; a string for every prompt or one per prompt, `NA` for none;
+#'   docs/api.md lists the subset), `logit_bias` (a numeric vector named by token ids, added to
 #'   those tokens' logits before sampling: `c("42" = 100)` forces token 42, `-Inf` bans a
 #'   token; or a list with one such vector per prompt), `priority` (which queued prompt takes a free slot first:
 #'   the lowest value, first come first served among equals), `logprobs` (`TRUE` adds a list column `logprobs`, the log-probability
@@ -119,7 +121,7 @@ generate_parallel <- function(ctx, prompts, max_tokens = NULL, temperature = NUL
   model = character(),
   context = c("n_batch", "device_sampling", "warmup", "kv_unified", "share_prefixes", "type_k", "type_v",
               "prefix_cache_mib", "prefix_cache_dir", "embeddings", "pooling"),
-  generate = c("grammar", "choice", "logit_bias", "priority", "logprobs", "top_logprobs", "presence_penalty", "frequency_penalty", "repeat_last_n")
+  generate = c("grammar", "choice", "logit_bias", "priority", "regex", "logprobs", "top_logprobs", "presence_penalty", "frequency_penalty", "repeat_last_n")
 )
 
 .options <- function(what) {

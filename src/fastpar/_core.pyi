@@ -156,6 +156,7 @@ class GenerateParams:
     json_schema: str
     logprobs: bool
     prompt_logprobs: bool
+    regex: str
     def __init__(self) -> None:
         ...
     def validate(self) -> None:

@@ -189,8 +189,9 @@ class SamplingParams:
     ``top_logprobs`` (0-20: the k most likely tokens at each generated position),
     ``n`` (samples of the prompt: decoded once, sample j seeded ``seed + j``),
     ``json_schema`` (a dict or a JSON string, kept as JSON text: every output validates
-    against it), ``grammar`` (GBNF text every output matches) and ``choice`` (a sequence of
-    non-empty str, kept as a tuple: every output is exactly one of them); one of the three.
+    against it), ``grammar`` (GBNF text every output matches), ``choice`` (a sequence of
+    non-empty str, kept as a tuple: every output is exactly one of them) and ``regex`` (a
+    regular expression every output matches whole, as ``re.fullmatch``); one of the four.
     ``logit_bias``: a mapping of token id (an int, or its decimal str as in OpenAI's JSON) to
     a number added to that token's logit before sampling; ``-math.inf`` bans the token
     (kept as a tuple of (id, bias) pairs in id order).
@@ -223,6 +224,7 @@ class SamplingParams:
     choice: Optional[Tuple[str, ...]] = None
     logit_bias: Optional[Tuple[Tuple[int, float], ...]] = None
     priority: int = _default("priority")
+    regex: Optional[str] = None
     prompt_logprobs: bool = _default("prompt_logprobs")
 
     def __post_init__(self) -> None:
@@ -246,11 +248,13 @@ class SamplingParams:
             else:
                 raise TypeError(f"json_schema must be a dict or a JSON str, got {type(schema).__name__}")
             object.__setattr__(self, "json_schema", schema)
-        if self.grammar is not None:
-            if not isinstance(self.grammar, str):
-                raise TypeError(f"grammar must be a str of GBNF or None, got {type(self.grammar).__name__}")
-            if not self.grammar.strip():
-                raise ValueError("grammar is empty; pass None for no grammar")
+        for name, what in (("grammar", "a str of GBNF"), ("regex", "a str (a regular expression)")):
+            value = getattr(self, name)
+            if value is not None:
+                if not isinstance(value, str):
+                    raise TypeError(f"{name} must be {what} or None, got {type(value).__name__}")
+                if not value.strip():
+                    raise ValueError(f"{name} is empty; pass None for no {name}")
         choice = self.choice
         if choice is not None:
             if isinstance(choice, str) or not isinstance(choice, Sequence) or not all(isinstance(x, str) for x in choice):
@@ -260,7 +264,7 @@ class SamplingParams:
             object.__setattr__(self, "choice", tuple(choice))
         if self.logit_bias is not None:
             object.__setattr__(self, "logit_bias", _logit_bias(self.logit_bias))
-        given = [name for name in ("json_schema", "grammar", "choice") if getattr(self, name) is not None]
+        given = [name for name in ("json_schema", "grammar", "choice", "regex") if getattr(self, name) is not None]
         if len(given) > 1:
             raise ValueError(f"{' and '.join(given)} were both given; a prompt takes one constraint")
         object.__setattr__(self, "_params", _to_core(self))
@@ -316,7 +320,7 @@ def _to_core(sp: SamplingParams) -> _core.GenerateParams:
         elif name == "choice":
             if value is not None:
                 params.choice = [_text(c, "choice") for c in value]
-        elif name in ("json_schema", "grammar"):
+        elif name in ("json_schema", "grammar", "regex"):
             if value is not None:
                 setattr(params, name, _text(value, name))
         elif name == "logit_bias":

@@ -144,8 +144,11 @@ void validate(const GenerateParams & p) {
             std::to_string(p.top_logprobs));
     }
     if (static_cast<int>(!p.json_schema.empty()) + static_cast<int>(!p.grammar.empty()) +
-            static_cast<int>(!p.choice.empty()) > 1) {
-        bad("json_schema, grammar and choice are three ways to constrain the output: give one of them");
+            static_cast<int>(!p.choice.empty()) + static_cast<int>(!p.regex.empty()) > 1) {
+        bad("json_schema, grammar, choice and regex are four ways to constrain the output: give one of them");
+    }
+    if (utf8_sanitize(p.regex) != p.regex) {
+        bad("regex is not valid UTF-8");
     }
     for (const auto & [token, bias] : p.logit_bias) {
         if (token < 0) {

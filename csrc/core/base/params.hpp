@@ -136,6 +136,8 @@ struct GenerateParams {
     // Which queued request takes a free slot first: the lowest value, first come first served
     // among equals (vLLM's priority). A running request is never stopped for another.
     int32_t priority = 0;
+    // A regular expression every output matches whole (a grammar converted from it; "": none).
+    std::string regex;
     // Scoring: each prompt token's log-probability given the tokens before it, in
     // Completion::prompt_logprobs. With max_tokens = 0 the prompt is scored and nothing is
     // generated (its last token is then never decoded: no logits are needed after it).
@@ -145,10 +147,10 @@ struct GenerateParams {
     int32_t prompt_logprobs_from = 1;
 };
 
-// The output is constrained (a JSON schema, a grammar or choices): the allowed tokens come
-// from a grammar, which may allow none of a row's best candidates.
+// The output is constrained (a JSON schema, a grammar, choices or a regex): the allowed
+// tokens come from a grammar, which may allow none of a row's best candidates.
 inline bool constrained(const GenerateParams & params) {
-    return !params.json_schema.empty() || !params.grammar.empty() || !params.choice.empty();
+    return !params.json_schema.empty() || !params.grammar.empty() || !params.choice.empty() || !params.regex.empty();
 }
 
 // Most entries of GenerateParams::top_logprobs (as OpenAI's API allows).

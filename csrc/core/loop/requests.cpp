@@ -11,6 +11,9 @@ void check_params(const GenerateParams & params) {
     if (!params.json_schema.empty()) {
         validate_json_schema(params.json_schema);
     }
+    if (!params.regex.empty()) {
+        validate_regex(params.regex);
+    }
 }
 
 AdmittedParams admit_params(const GenerateParams & params) {

@@ -35,6 +35,7 @@ GrammarPtr GrammarCache::make(const GenerateParams & params) {
         } else {
             e.error = std::string(!params.grammar.empty() ? "grammar"
                                   : !params.choice.empty() ? "the grammar made from choice"
+                                  : !params.regex.empty()  ? "the grammar converted from regex"
                                                            : "the grammar converted from json_schema") +
                       " does not compile: it does not parse as GBNF, names an undefined rule, is left-recursive"
                       " or has no 'root' rule (llama.cpp's message is on stderr)";

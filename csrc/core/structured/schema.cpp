@@ -1,6 +1,7 @@
 #include "core/structured/schema.hpp"
 
 #include <algorithm>
+#include <cctype>
 #include <mutex>
 #include <set>
 #include <unordered_map>
@@ -182,7 +183,7 @@ void check_node(json & node, const std::string & path) {
     check_children(node, path);
 }
 
-// Conversions by schema text, for every call and thread (the converter is stateless).
+// Conversions by schema or regex text, for every call and thread (the converter is stateless).
 struct Converted {
     std::string grammar;
     std::string error;  // non-empty: InvalidArgument with this message
@@ -190,39 +191,151 @@ struct Converted {
 
 std::mutex g_mutex;
 std::unordered_map<std::string, Converted> g_converted;
-constexpr size_t kMaxConverted = 256;  // schemas kept; the cache starts over past this
+constexpr size_t kMaxConverted = 256;  // conversions kept; the cache starts over past this
 
-Converted convert(const std::string & schema) {
-    Converted c;
-    try {
-        c.grammar = convert_json_schema(schema);
-    } catch (const InvalidArgument & e) {
-        c.error = e.what();
-    }
-    return c;
-}
-
-Converted converted(const std::string & schema) {
+// `convert(text)` once per `kind` and text: 's' a JSON schema, 'r' a regex.
+Converted converted(char kind, const std::string & text, std::string (*convert)(const std::string &)) {
+    const std::string key = kind + text;
     {
         std::lock_guard<std::mutex> lock(g_mutex);
-        auto it = g_converted.find(schema);
+        auto it = g_converted.find(key);
         if (it != g_converted.end()) {
             return it->second;
         }
     }
-    Converted c = convert(schema);
+    Converted c;
+    try {
+        c.grammar = convert(text);
+    } catch (const InvalidArgument & e) {
+        c.error = e.what();
+    }
     std::lock_guard<std::mutex> lock(g_mutex);
     if (g_converted.size() >= kMaxConverted) {
         g_converted.clear();
     }
-    g_converted.emplace(schema, c);
+    g_converted.emplace(key, c);
     return c;
+}
+
+Converted converted_schema(const std::string & schema) { return converted('s', schema, convert_json_schema); }
+Converted converted_regex(const std::string & regex) { return converted('r', regex, regex_grammar); }
+
+// The character classes of the shorthand escapes, in ASCII (what a class's brackets hold).
+const char * shorthand_class(char c) {
+    switch (c) {
+        case 'd': case 'D': return "0-9";
+        case 'w': case 'W': return "a-zA-Z0-9_";
+        case 's': case 'S': return " \\t\\n\\r\\x0B\\x0C";
+        default: return nullptr;
+    }
+}
+
+[[noreturn]] void bad_regex(const std::string & regex, const std::string & why) {
+    throw InvalidArgument("regex " + json(regex).dump() + ": " + why + " (docs/api.md lists the regex subset)");
+}
+
+// Rewrites what the converter does not read into what it does: the shorthand classes \d \w
+// \s (and \D \W \S outside brackets) into ASCII classes, and an escaped ASCII punctuation
+// character into its \xHH escape (the converter takes few escapes; \/ or \# mean the
+// character itself). Other escapes pass through for the converter to read or refuse.
+std::string normalize_escapes(const std::string & regex, const std::string & body) {
+    static const char * const kHex = "0123456789ABCDEF";
+    std::string out;
+    bool in_class = false;
+    for (size_t i = 0; i < body.size(); ++i) {
+        const char c = body[i];
+        if (c != '\\') {
+            if (c == '[' && !in_class) {
+                in_class = true;
+            } else if (c == ']' && in_class) {
+                in_class = false;
+            }
+            out += c;
+            continue;
+        }
+        if (i + 1 == body.size()) {
+            bad_regex(regex, "it ends with a lone backslash");
+        }
+        const char e = body[++i];
+        if (const char * cls = shorthand_class(e)) {
+            const bool negated = e >= 'A' && e <= 'Z';
+            if (in_class && negated) {
+                bad_regex(regex, std::string("\\") + e + " inside a character class is not supported");
+            }
+            out += in_class ? std::string(cls) : std::string(negated ? "[^" : "[") + cls + "]";
+        } else if (e > 0x20 && e < 0x7F && !std::isalnum(static_cast<unsigned char>(e))) {
+            out += "\\x";
+            out += kHex[e >> 4];
+            out += kHex[e & 0xF];
+        } else {
+            out += '\\';
+            out += e;
+        }
+    }
+    return out;
 }
 
 }  // namespace
 
+std::string regex_grammar(const std::string & regex) {
+    if (regex.empty()) {
+        bad_regex(regex, "it is empty");
+    }
+    // The whole output matches (as re.fullmatch): anchors at the ends are implied.
+    std::string body = regex;
+    if (body.front() == '^') {
+        body.erase(0, 1);
+    }
+    size_t slashes = 0;  // a final '$' is an anchor unless escaped
+    while (body.size() >= 2 + slashes && body[body.size() - 2 - slashes] == '\\') {
+        ++slashes;
+    }
+    if (!body.empty() && body.back() == '$' && slashes % 2 == 0) {
+        body.pop_back();
+    }
+    if (body.empty()) {
+        bad_regex(regex, "it matches only the empty string");
+    }
+    // The converter reads a JSON schema's string pattern into rules that match the string's
+    // characters between its quotes; its root rule is '"\"" (RULES) "\""'.
+    const json schema = {{"type", "string"}, {"pattern", "^(?:" + normalize_escapes(regex, body) + ")$"}};
+    std::string text;
+    try {
+        text = convert_raw(schema.dump());
+    } catch (const std::exception & e) {
+        const std::string what = e.what();  // "...: <reason>" about the wrapped pattern
+        const size_t k = what.rfind(": ");
+        bad_regex(regex, "the converter cannot read it: " + (k == std::string::npos ? what : what.substr(k + 2)));
+    }
+    const std::string head = "root ::= \"\\\"\" (";
+    const std::string tail = ") \"\\\"\"";
+    // The root rule's line (the rules are written one a line, sorted by name).
+    size_t at = text.compare(0, 9, "root ::= ") == 0 ? 0 : text.find("\nroot ::= ");
+    if (at == std::string::npos) {
+        bad_regex(regex, "the converter gave no root rule");
+    }
+    at += at == 0 ? 0 : 1;
+    const size_t end = std::min(text.find('\n', at), text.size());
+    const std::string root = text.substr(at, end - at);
+    // Anything else is the converter's "any string", what it makes of a pattern outside
+    // its subset (lookarounds, backreferences, anchors inside, \b): that would not enforce it.
+    if (root.size() < head.size() + tail.size() || root.compare(0, head.size(), head) != 0 ||
+        root.compare(root.size() - tail.size(), tail.size(), tail) != 0) {
+        bad_regex(regex, "it uses a feature outside the supported subset");
+    }
+    const std::string rules = root.substr(head.size(), root.size() - head.size() - tail.size());
+    return text.substr(0, at) + "root ::= (" + rules + ")" + text.substr(end);
+}
+
+void validate_regex(const std::string & regex) {
+    const Converted c = converted_regex(regex);
+    if (!c.error.empty()) {
+        throw InvalidArgument(c.error);
+    }
+}
+
 void validate_json_schema(const std::string & schema) {
-    const Converted c = converted(schema);
+    const Converted c = converted_schema(schema);
     if (!c.error.empty()) {
         throw InvalidArgument(c.error);
     }
@@ -259,7 +372,7 @@ std::string constraint_grammar(const GenerateParams & params) {
     if (!params.choice.empty()) {
         return choice_grammar(params.choice);
     }
-    Converted c = converted(params.json_schema);
+    Converted c = !params.regex.empty() ? converted_regex(params.regex) : converted_schema(params.json_schema);
     if (!c.error.empty()) {
         throw InvalidArgument(c.error);
     }

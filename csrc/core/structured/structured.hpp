@@ -2,7 +2,7 @@
 // turned into one by the vendored llama.cpp's converter, constrains every token a prompt
 // generates. docs/api.md lists the JSON-schema features supported and what happens when a
 // constraint fails. The units of this folder, one job each:
-//   schema              JSON schema checks and conversion to GBNF
+//   schema              JSON schema and regex checks and conversion to GBNF
 //   grammar             llama.cpp's grammar internals (the one header that includes them)
 //   token_tree          the vocabulary arranged once for masking it whole
 //   allowed_sets        allowed-token sets by grammar state, and the state key

@@ -159,6 +159,17 @@ test_that("choice makes every output one of the labels, per prompt or for all", 
   expect_error(generate_parallel(ctx, "Hi", choice = list("a", "b", "c")), "one per prompt")
 })
 
+test_that("regex makes every output match it whole, per prompt or for all", {
+  ctx <- test_context()
+  out <- generate_parallel(ctx, c("Call me at", "My number:"), regex = "\\d{3}-\\d{4}",
+                           temperature = 1, seed = 4, max_tokens = 16)
+  expect_true(all(grepl("^[0-9]{3}-[0-9]{4}$", out$text)))
+  out <- generate_parallel(ctx, c("Colour?", "Year?"), regex = c("(red|blue)", "(19|20)\\d\\d"),
+                           temperature = 1, seed = 4, max_tokens = 8)
+  expect_true(out$text[1] %in% c("red", "blue") && grepl("^(19|20)[0-9]{2}$", out$text[2]))
+  expect_error(generate_parallel(ctx, "Hi", regex = "(?=a)b"), "outside the supported subset")
+})
+
 test_that("logit_bias forces and bans tokens, per prompt or for all", {
   ctx <- test_context()
   prompts <- c("The capital of France is", "Water boils at")

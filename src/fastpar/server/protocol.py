@@ -249,19 +249,27 @@ def _sampling(body: Mapping, chat: bool, n_ctx_per_seq: int, limits: Limits) -> 
                                               "'json_schema': {'name': ..., 'schema': {...}} with a JSON schema object"
                                               " (for any JSON object: {'type': 'json_object'})")
             opts["json_schema"] = dict(schema)
-    # vLLM's extra field: the output is exactly one of these strings.
+    # vLLM's extra fields: the output is exactly one of these strings, or matches this regex.
     choice = body.get("guided_choice")
     if choice is not None:
         if not isinstance(choice, list) or not choice or not all(isinstance(c, str) and c for c in choice):
             raise _bad("guided_choice", "'guided_choice' must be a non-empty list of non-empty strings")
-        if "json_schema" in opts:
-            raise _bad("guided_choice", "'guided_choice' and 'response_format' both constrain the output: give one")
         opts["choice"] = choice
+    regex = body.get("guided_regex")
+    if regex is not None:
+        if not isinstance(regex, str) or not regex:
+            raise _bad("guided_regex", "'guided_regex' must be a non-empty string (a regular expression)")
+        opts["regex"] = regex
+    given = [field for field, opt in (("response_format", "json_schema"), ("guided_choice", "choice"),
+                                      ("guided_regex", "regex")) if opt in opts]
+    if len(given) > 1:
+        raise _bad(given[-1], f"{' and '.join(repr(g) for g in given)} all constrain the output: give one")
     return opts, n, n_top
 
 
 def _param_of(message: str, default: str) -> str:
     names = {"json_schema": "response_format", "grammar": "response_format", "choice": "guided_choice",
+             "regex": "guided_regex",
              "logit_bias": "logit_bias",
              "stop": "stop", "seed": "seed",
              "top_logprobs": "top_logprobs", "max_tokens": "max_tokens", "temperature": "temperature",
