@@ -72,7 +72,7 @@ def test_fastpar_h_declares_exactly_the_fields_the_list_puts_in_the_c_abi():
         expected = []
         for f in fields:
             if f.c:
-                expected += [f.name, f"n_{f.name}"] if f.kind in ("STRINGS", "BIASES") else [f.name]
+                expected += [f.name, f"n_{f.name}"] if f.kind in ("STRINGS", "BIASES", "TOKENS") else [f.name]
         assert struct_members(header, f"typedef struct fastpar_{struct}_params {{") == expected, struct
 
 
@@ -89,7 +89,7 @@ def test_c_defaults_are_the_cores(tmp_path):
             got, want = printed.pop((struct, f.name)), getattr(core, f.name)
             if f.kind == "STRING":
                 assert got == (want if want else "none"), f"{f.name}: C gives {got!r}, the core {want!r}"
-            elif f.kind in ("STRINGS", "BIASES"):
+            elif f.kind in ("STRINGS", "BIASES", "TOKENS"):
                 assert (got, want) == ("0", []), f"{f.name}: C gives {got} entries, the core {want!r}"
             else:  # float32 values print exactly (%.17g of the same float)
                 assert float(got) == float(want), f"{struct} {f.name}: C gives {got}, the core {want!r}"

@@ -207,6 +207,40 @@ def test_logit_bias_bans_and_forces_tokens(model):
     assert_clean(ctx)
 
 
+def test_allowed_token_ids_keep_every_token_among_them(model):
+    """allowed_token_ids: 1,000 sampled tokens all among them; a greedy answer whose tokens
+    are all allowed comes out unchanged; without an end-of-generation token among them the
+    output runs to max_tokens; an id outside the vocabulary fails its prompt alone."""
+    ctx = fastpar.Context(model, n_parallel=8, n_ctx_per_seq=256)
+    prompts = [f"Write a short sentence about the number {i}." for i in range(8)]
+    allowed = [model.tokenize(w, add_special=False)[0] for w in (" the", " a", " one", " and", ".")]
+    out = fastpar.generate_parallel(ctx, prompts, max_tokens=125, temperature=1.0, seed=3, allowed_token_ids=allowed,
+                                    progress=False)
+    assert sum(len(c.token_ids) for c in out) == 1000 and all(c.finish_reason == "length" for c in out)
+    assert {t for c in out for t in c.token_ids} <= set(allowed)
+    assert len({t for c in out for t in c.token_ids}) >= 2  # sampled among them, not one forced
+    greedy = dict(max_tokens=24, temperature=0.0, progress=False)
+    plain = fastpar.generate_parallel(ctx, prompts, **greedy)
+    for c in plain:  # its own tokens and the end-of-generation token: the same answer
+        (same,) = fastpar.generate_parallel(ctx, [prompts[plain.index(c)]], allowed_token_ids=c.token_ids +
+                                            [model.token_eos], **greedy)
+        assert same.token_ids == c.token_ids and same.finish_reason == c.finish_reason
+    forced = fastpar.generate_parallel(ctx, prompts[:2], max_tokens=6, temperature=1.0, seed=1,
+                                       allowed_token_ids=allowed, logit_bias={allowed[1]: 100}, progress=False)
+    assert all(c.token_ids == [allowed[1]] * 6 for c in forced)
+    params = [SP(max_tokens=4, temperature=0.0), SP(max_tokens=4, allowed_token_ids=[1, model.n_vocab])]
+    ok, bad = fastpar.generate_parallel(ctx, prompts[:2], params, progress=False)
+    assert ok.finish_reason == "length" and bad.finish_reason == "error"
+    assert bad.error == (f"allowed_token_ids holds {model.n_vocab}, not a token id of this model "
+                         f"(0 to {model.n_vocab - 1})")
+    for value, error in (([], ValueError), (["x"], TypeError), (5, TypeError), ([1.5], TypeError), ([-1], ValueError)):
+        with pytest.raises(error, match="allowed_token_ids"):
+            SP(allowed_token_ids=value)
+    assert SP(allowed_token_ids=[5, 3, 5]).allowed_token_ids == (3, 5)
+    assert SP(allowed_token_ids=(3,))._params.allowed_token_ids == [3]
+    assert_clean(ctx)
+
+
 def test_sampling_params_values():
     d = fastpar._core.GenerateParams()
     p = SP()

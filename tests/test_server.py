@@ -298,6 +298,20 @@ def test_logit_bias(client, model):
         assert e.value.param == "logit_bias", e.value.body
 
 
+def test_allowed_token_ids(client, model):
+    # vLLM's field: every generated token is one of these.
+    allowed = [model.tokenize(w, add_special=False)[0] for w in (" yes", " no")]
+    r = client.completions.create(model="smol", prompt="Answer:", max_tokens=8, temperature=1.0, seed=1,
+                                  extra_body={"allowed_token_ids": allowed}, logprobs=1)
+    assert r.choices[0].finish_reason == "length"
+    assert set(r.choices[0].logprobs.tokens) <= {" yes", " no"}, r.choices[0]
+    for value in ([], [-1], ["1"], 5, [model.n_vocab]):
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(model="smol", messages=CHAT, max_tokens=4,
+                                           extra_body={"allowed_token_ids": value})
+        assert e.value.param == "allowed_token_ids", e.value.body
+
+
 def test_limits_are_400s_naming_the_option(model):
     from fastpar.server import create_app
     from fastpar.server.protocol import Limits

@@ -132,6 +132,10 @@ typedef struct fastpar_generate_params {
                                   (first come first served among equals); 0 by default */
     const char * regex;        /* regular expression every output matches whole, or NULL; at
                                   most one of json_schema, grammar, choice and regex */
+    const int32_t * allowed_token_ids; /* n_allowed_token_ids token ids, the only ones generated
+                                          (an end-of-generation token must be among them for the
+                                          output to end early), or NULL: any */
+    int32_t n_allowed_token_ids;
 } fastpar_generate_params;
 
 /* One chat message; a prompt of messages is rendered with the model's own chat template. */

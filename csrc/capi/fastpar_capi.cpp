@@ -75,6 +75,7 @@ char * dup_string(const std::string & s) {
 #define FASTPAR_C_TYPE_STRING const char *
 #define FASTPAR_C_TYPE_STRINGS const char * const *
 #define FASTPAR_C_TYPE_BIASES const fastpar_logit_bias *
+#define FASTPAR_C_TYPE_TOKENS const int32_t *
 #define FASTPAR_CHECK_C_TYPE(Struct, name, kind, c, py, r)                                            \
     FASTPAR_WHEN(c, static_assert(std::is_same_v<decltype(Struct::name), FASTPAR_C_TYPE_##kind>, \
                                   #Struct "::" #name " is not of its kind " #kind);)
@@ -111,6 +112,13 @@ std::vector<std::pair<int32_t, float>> to_core_biases(const char * name, const f
     return out;
 }
 
+std::vector<int32_t> to_core_tokens(const char * name, const int32_t * tokens, int32_t n) {
+    if (n < 0 || (n > 0 && tokens == nullptr)) {
+        throw std::invalid_argument(std::string(name) + " must point to n_" + name + " token ids (n_" + name + " >= 0)");
+    }
+    return std::vector<int32_t>(tokens, tokens + n);
+}
+
 // One field between a C struct `c` and a C++ struct `core`, by kind: a NULL string is the
 // core's "" (none), and a string list is its pointer and count.
 #define FASTPAR_TO_CORE_INT32(name) core.name = c.name;
@@ -123,6 +131,7 @@ std::vector<std::pair<int32_t, float>> to_core_biases(const char * name, const f
     }
 #define FASTPAR_TO_CORE_STRINGS(name) core.name = to_core_strings(#name, c.name, c.n_##name);
 #define FASTPAR_TO_CORE_BIASES(name) core.name = to_core_biases(#name, c.name, c.n_##name);
+#define FASTPAR_TO_CORE_TOKENS(name) core.name = to_core_tokens(#name, c.name, c.n_##name);
 #define FASTPAR_TO_CORE(name, kind, in_c, py, r) FASTPAR_WHEN(in_c, FASTPAR_TO_CORE_##kind(name))
 
 // A string default other than none ("f16" for type_k) is a string that lives as long as
@@ -152,6 +161,7 @@ const char * c_default_string(const std::string & s) {
     c.name = nullptr;              \
     c.n_##name = 0;
 #define FASTPAR_TO_C_BIASES(name) FASTPAR_TO_C_STRINGS(name)
+#define FASTPAR_TO_C_TOKENS(name) FASTPAR_TO_C_STRINGS(name)
 #define FASTPAR_TO_C(name, kind, in_c, py, r) FASTPAR_WHEN(in_c, FASTPAR_TO_C_##kind(name))
 
 fastpar::ModelParams to_core(const fastpar_model_params & c) {

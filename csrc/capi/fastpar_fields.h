@@ -19,6 +19,8 @@
  *         BIASES  C: const fastpar_logit_bias * name with int32_t n_<name>; C++:
  *                 std::vector<std::pair<int32_t, float>> (token id, bias); Python: a list of pairs;
  *                 R: a list of double vectors named by token ids
+ *         TOKENS  C: const int32_t * name with int32_t n_<name>; C++: std::vector<int32_t> (token
+ *                 ids); Python: a list of int; R: a list of integer vectors
  *   C     1: a field of fastpar.h's struct; 0: not in the C ABI.
  *   PY    1: a public Python option (fastpar.SamplingParams, or a keyword of Model() or of
  *         Context() and Engine()); 0: internal. Every field is an attribute of fastpar._core's
@@ -82,6 +84,7 @@
     X(logit_bias,           BIASES,  1, 1, 1)                               \
     X(priority,             INT32,   1, 1, 1)                               \
     X(regex,                STRING,  1, 1, 1)                               \
+    X(allowed_token_ids,    TOKENS,  1, 1, 1)                               \
     X(prompt_logprobs,      BOOL,    0, 1, 0)                               \
     X(prompt_logprobs_from, INT32,   0, 0, 0)
 

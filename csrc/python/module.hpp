@@ -20,6 +20,7 @@
 #define FASTPAR_CORE_TYPE_STRING std::string
 #define FASTPAR_CORE_TYPE_STRINGS std::vector<std::string>
 #define FASTPAR_CORE_TYPE_BIASES std::vector<std::pair<int32_t, float>>
+#define FASTPAR_CORE_TYPE_TOKENS std::vector<int32_t>
 
 // One field of a fastpar_fields.h list as a read-write attribute of `options`, the
 // pybind11::class_ of its params struct in scope: FASTPAR_GENERATE_FIELDS(FASTPAR_PY_OPTION)

@@ -34,7 +34,9 @@
 #'   as Python's `re.fullmatch`; a string for every prompt or one per prompt, `NA` for none;
 #'   docs/api.md lists the subset), `logit_bias` (a numeric vector named by token ids, added to
 #'   those tokens' logits before sampling: `c("42" = 100)` forces token 42, `-Inf` bans a
-#'   token; or a list with one such vector per prompt), `priority` (which queued prompt takes a free slot first:
+#'   token; or a list with one such vector per prompt), `allowed_token_ids` (the only token
+#'   ids generated: a vector, or a list with one per prompt; the output ends early only if an
+#'   end-of-generation token is among them), `priority` (which queued prompt takes a free slot first:
 #'   the lowest value, first come first served among equals), `logprobs` (`TRUE` adds a list column `logprobs`, the log-probability
 #'   of every generated token), `top_logprobs` (`k` from 1 to 20 adds a list column
 #'   `top_logprobs`: for each row a list of two matrices with a row per generated token and
@@ -98,6 +100,7 @@ generate_parallel <- function(ctx, prompts, max_tokens = NULL, temperature = NUL
   for (name in c(names(defaults), setdiff(.options("generate"), names(defaults)))) {
     opts[name] <- list(if (name %in% c("stop", "choice")) .strings(given[[name]], k, name) else
       if (name == "logit_bias") .biases(given[[name]], k) else
+      if (name == "allowed_token_ids") .tokens(given[[name]], k, name) else
       .per_prompt(given[[name]], name, k, .kind(name, defaults[[name]])))
   }
   opts <- opts[!vapply(opts, is.null, TRUE)]
@@ -121,7 +124,7 @@ generate_parallel <- function(ctx, prompts, max_tokens = NULL, temperature = NUL
   model = character(),
   context = c("n_batch", "device_sampling", "warmup", "kv_unified", "share_prefixes", "type_k", "type_v",
               "prefix_cache_mib", "prefix_cache_dir", "embeddings", "pooling"),
-  generate = c("grammar", "choice", "logit_bias", "priority", "regex", "logprobs", "top_logprobs", "presence_penalty", "frequency_penalty", "repeat_last_n")
+  generate = c("grammar", "choice", "logit_bias", "allowed_token_ids", "priority", "regex", "logprobs", "top_logprobs", "presence_penalty", "frequency_penalty", "repeat_last_n")
 )
 
 .options <- function(what) {
@@ -220,6 +223,21 @@ generate_parallel <- function(ctx, prompts, max_tokens = NULL, temperature = NUL
     stop(what, " must be one character vector or one per prompt (", k, "), got ", length(x), call. = FALSE)
   }
   x
+}
+
+# Token ids: a vector of whole numbers for all prompts, or a list with one per prompt.
+.tokens <- function(x, k, what) {
+  if (is.null(x)) return(NULL)
+  if (!is.list(x)) x <- list(x)
+  ok <- function(t) is.numeric(t) && length(t) > 0 && !anyNA(t) && all(t == round(t)) && all(t >= 0 & t < 2^31)
+  if (!all(vapply(x, ok, TRUE))) {
+    stop(what, " must be a vector of token ids (whole numbers >= 0), or a list of them (one per prompt)",
+         call. = FALSE)
+  }
+  if (length(x) != 1 && length(x) != k) {
+    stop(what, " must be one vector or one per prompt (", k, "), got ", length(x), call. = FALSE)
+  }
+  lapply(x, as.integer)
 }
 
 # Logit biases: a numeric vector named by token ids for all prompts, or a list with one per

@@ -117,13 +117,13 @@ static bool lgl_at(SEXP x, R_xlen_t i) { return LOGICAL(x)[at(x, i)] == TRUE; }
 
 /* The options R passes (R = 1 in fastpar_fields.h), each with where it lies in its C struct,
  * so that one loop converts them all. R/ coerces every option to its kind's R type first. */
-typedef enum { KIND_INT32, KIND_INT64, KIND_FLOAT, KIND_BOOL, KIND_STRING, KIND_STRINGS, KIND_BIASES } field_kind;
+typedef enum { KIND_INT32, KIND_INT64, KIND_FLOAT, KIND_BOOL, KIND_STRING, KIND_STRINGS, KIND_BIASES, KIND_TOKENS } field_kind;
 
 typedef struct {
     const char * name;
     field_kind kind;
     size_t offset;
-    size_t count_offset; /* STRINGS, BIASES: where n_<name> lies */
+    size_t count_offset; /* STRINGS, BIASES, TOKENS: where n_<name> lies */
 } r_field;
 
 #define OPT_COUNT_INT32(S, name) 0
@@ -133,6 +133,7 @@ typedef struct {
 #define OPT_COUNT_STRING(S, name) 0
 #define OPT_COUNT_STRINGS(S, name) offsetof(S, n_##name)
 #define OPT_COUNT_BIASES(S, name) offsetof(S, n_##name)
+#define OPT_COUNT_TOKENS(S, name) offsetof(S, n_##name)
 #define OPT_FIELD(name, kind, c, py, r) \
     FASTPAR_WHEN(r, {#name, KIND_##kind, offsetof(OPT_STRUCT, name), OPT_COUNT_##kind(OPT_STRUCT, name)},)
 
@@ -185,6 +186,17 @@ static void set_field(void * params, const r_field * f, SEXP x, R_xlen_t i) {
             *(int32_t *) ((char *) params + f->count_offset) = n;
             break;
         }
+        case KIND_TOKENS: { /* an integer vector of token ids */
+            SEXP t = VECTOR_ELT(x, at(x, i));
+            const int n = Rf_length(t);
+            int32_t * tokens = (int32_t *) R_alloc((size_t) n + 1, sizeof(int32_t));
+            for (int k = 0; k < n; ++k) {
+                tokens[k] = (int32_t) INTEGER(t)[k];
+            }
+            *(const int32_t **) p = n > 0 ? tokens : NULL;
+            *(int32_t *) ((char *) params + f->count_offset) = n;
+            break;
+        }
     }
 }
 
@@ -202,7 +214,8 @@ static void set_options(void * params, const r_field * fields, size_t n_fields, 
 static SEXP defaults_list(const void * params, const r_field * fields, size_t n_fields) {
     int n = 0;
     for (size_t k = 0; k < n_fields; ++k) {
-        n += fields[k].kind != KIND_STRING && fields[k].kind != KIND_STRINGS && fields[k].kind != KIND_BIASES;
+        n += fields[k].kind == KIND_INT32 || fields[k].kind == KIND_INT64 || fields[k].kind == KIND_FLOAT ||
+             fields[k].kind == KIND_BOOL;
     }
     SEXP out = PROTECT(Rf_allocVector(VECSXP, n));
     SEXP names = PROTECT(Rf_allocVector(STRSXP, n));

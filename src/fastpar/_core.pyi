@@ -164,6 +164,12 @@ class GenerateParams:
         Raises ValueError naming the first option out of range.
         """
     @property
+    def allowed_token_ids(self) -> list[int]:
+        ...
+    @allowed_token_ids.setter
+    def allowed_token_ids(self, arg0: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex]) -> None:
+        ...
+    @property
     def choice(self) -> list[str]:
         ...
     @choice.setter

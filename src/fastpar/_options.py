@@ -195,6 +195,9 @@ class SamplingParams:
     ``logit_bias``: a mapping of token id (an int, or its decimal str as in OpenAI's JSON) to
     a number added to that token's logit before sampling; ``-math.inf`` bans the token
     (kept as a tuple of (id, bias) pairs in id order).
+    ``allowed_token_ids``: a sequence of token ids (kept as a sorted tuple), the only tokens
+    generated; the output ends early only if an end-of-generation token is among them (ban
+    tokens with ``logit_bias`` of ``-math.inf``).
     ``priority``: which queued prompt takes a free slot first, the lowest value (first come
     first served among equals); a running prompt is never stopped for another.
     ``prompt_logprobs``: each prompt token's log-probability given the tokens before it, in
@@ -225,6 +228,7 @@ class SamplingParams:
     logit_bias: Optional[Tuple[Tuple[int, float], ...]] = None
     priority: int = _default("priority")
     regex: Optional[str] = None
+    allowed_token_ids: Optional[Tuple[int, ...]] = None
     prompt_logprobs: bool = _default("prompt_logprobs")
 
     def __post_init__(self) -> None:
@@ -264,6 +268,14 @@ class SamplingParams:
             object.__setattr__(self, "choice", tuple(choice))
         if self.logit_bias is not None:
             object.__setattr__(self, "logit_bias", _logit_bias(self.logit_bias))
+        allowed = self.allowed_token_ids
+        if allowed is not None:
+            if isinstance(allowed, (str, bytes)) or not isinstance(allowed, Iterable):
+                raise TypeError(f"allowed_token_ids must be a list of token ids, got {type(allowed).__name__}")
+            allowed = tuple(sorted({_int("allowed_token_ids' token id", t) for t in allowed}))
+            if not allowed:
+                raise ValueError("allowed_token_ids is empty; pass None to allow every token")
+            object.__setattr__(self, "allowed_token_ids", allowed)
         given = [name for name in ("json_schema", "grammar", "choice", "regex") if getattr(self, name) is not None]
         if len(given) > 1:
             raise ValueError(f"{' and '.join(given)} were both given; a prompt takes one constraint")
@@ -323,9 +335,9 @@ def _to_core(sp: SamplingParams) -> _core.GenerateParams:
         elif name in ("json_schema", "grammar", "regex"):
             if value is not None:
                 setattr(params, name, _text(value, name))
-        elif name == "logit_bias":
+        elif name in ("logit_bias", "allowed_token_ids"):
             if value is not None:
-                params.logit_bias = list(value)
+                setattr(params, name, list(value))
         else:
             _set(params, name, _CHECKS[type(getattr(_GENERATE_DEFAULTS, name))](name, value))
     params.validate()  # ranges, from the core: ValueError naming the option
@@ -336,7 +348,8 @@ def _to_core(sp: SamplingParams) -> _core.GenerateParams:
 #: their defaults and, for signatures and help(), the types a keyword accepts (stop and
 #: json_schema take more than the field keeps).
 _KEYWORD_TYPES = {"stop": Union[None, str, Sequence[str]], "json_schema": Union[None, str, Mapping[str, Any]],
-                  "choice": Optional[Sequence[str]], "logit_bias": Optional[Mapping[Union[int, str], float]]}
+                  "choice": Optional[Sequence[str]], "logit_bias": Optional[Mapping[Union[int, str], float]],
+                  "allowed_token_ids": Optional[Iterable[int]]}
 _HINTS = typing.get_type_hints(SamplingParams)
 _OPTIONS = {field.name: (field.default, _KEYWORD_TYPES.get(field.name, _HINTS[field.name]))
             for field in dataclasses.fields(SamplingParams)}

@@ -14,6 +14,7 @@
 #define PRINT_STRING(s, p, name) printf("%s %s %s\n", s, #name, p.name == NULL ? "none" : p.name);
 #define PRINT_STRINGS(s, p, name) printf("%s %s %d\n", s, #name, p.name == NULL ? (int) p.n_##name : -1);
 #define PRINT_BIASES(s, p, name) PRINT_STRINGS(s, p, name)
+#define PRINT_TOKENS(s, p, name) PRINT_STRINGS(s, p, name)
 #define PRINT(s, p, name, kind, c) FASTPAR_WHEN(c, PRINT_##kind(s, p, name))
 
 #define PRINT_MODEL(name, kind, c, py, r) PRINT("model", mp, name, kind, c)

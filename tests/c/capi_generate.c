@@ -1,6 +1,7 @@
 /* Exercises fastpar_generate from plain C: parameters per prompt, n samples, chat-message
  * prompts, top log-probabilities and argument errors. Prints "capi-gen: ..." lines the
  * pytest driver compares with Python; exits non-zero on failure. */
+#include <ctype.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -151,6 +152,41 @@ int main(int argc, char ** argv) {
     }
     fastpar_results_free(results, n_results);
     results = NULL;
+
+    /* allowed_token_ids: every generated token is one of them (neither ends the output). */
+    const int32_t only[] = {42, 43};
+    fastpar_generate_params limited = fastpar_generate_default_params();
+    limited.max_tokens = 6;
+    limited.seed = 5;
+    limited.allowed_token_ids = only;
+    limited.n_allowed_token_ids = 2;
+    CHECK(fastpar_generate(ctx, prompts, 1, &limited, 1, &results, &n_results) == FASTPAR_OK && n_results == 1,
+          "allowed_token_ids");
+    CHECK(results[0].n_gen_tokens == 6, "allowed_token_ids: 6 tokens");
+    for (int32_t i = 0; i < results[0].n_gen_tokens; ++i) {
+        CHECK(results[0].token_ids[i] == 42 || results[0].token_ids[i] == 43, "allowed_token_ids: token %d",
+              (int) results[0].token_ids[i]);
+    }
+    fastpar_results_free(results, n_results);
+    results = NULL;
+
+    /* regex: the whole text matches it; one outside the supported subset is refused by name. */
+    fastpar_generate_params digits = fastpar_generate_default_params();
+    digits.max_tokens = 16;
+    digits.seed = 5;
+    digits.regex = "\\d{3}-[0-9]{2}";
+    CHECK(fastpar_generate(ctx, prompts, 1, &digits, 1, &results, &n_results) == FASTPAR_OK && n_results == 1,
+          "regex");
+    const char * t = results[0].text;
+    CHECK(results[0].text_len == 6 && t[3] == '-' && isdigit((unsigned char) t[0]) && isdigit((unsigned char) t[1]) &&
+              isdigit((unsigned char) t[2]) && isdigit((unsigned char) t[4]) && isdigit((unsigned char) t[5]),
+          "regex: '%s' matches \\d{3}-[0-9]{2}", t);
+    fastpar_results_free(results, n_results);
+    results = NULL;
+    digits.regex = "(?=a)b";
+    CHECK(fastpar_generate(ctx, prompts, 1, &digits, 1, &results, &n_results) == FASTPAR_ERR_INVALID_ARGUMENT &&
+              strstr(fastpar_last_error(), "regex") != NULL && results == NULL,
+          "a regex outside the subset");
 
     /* The interrupt check: a call it stops returns FASTPAR_ERR_INTERRUPTED, allocates
      * nothing and leaves the context clean (the next call's greedy tokens are those of a

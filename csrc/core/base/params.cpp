@@ -160,6 +160,11 @@ void validate(const GenerateParams & p) {
                 ": a bias is a finite number, or -infinity to ban the token");
         }
     }
+    for (const int32_t token : p.allowed_token_ids) {
+        if (token < 0) {
+            bad("allowed_token_ids holds " + std::to_string(token) + ": token ids are >= 0");
+        }
+    }
     for (size_t i = 0; i < p.choice.size(); ++i) {
         if (p.choice[i].empty()) {
             bad("choice[" + std::to_string(i) + "] is empty: every choice must be a non-empty string");

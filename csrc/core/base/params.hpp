@@ -138,6 +138,9 @@ struct GenerateParams {
     int32_t priority = 0;
     // A regular expression every output matches whole (a grammar converted from it; "": none).
     std::string regex;
+    // Only these tokens may be generated (vLLM's allowed_token_ids; empty: any). The output
+    // can end early only if an end-of-generation token is among them.
+    std::vector<int32_t> allowed_token_ids;
     // Scoring: each prompt token's log-probability given the tokens before it, in
     // Completion::prompt_logprobs. With max_tokens = 0 the prompt is scored and nothing is
     // generated (its last token is then never decoded: no logits are needed after it).

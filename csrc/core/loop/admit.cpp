@@ -44,6 +44,13 @@ std::optional<Completion> refusal(const Tokenized & t, const GenerateParams & pa
             return c;
         }
     }
+    for (const int32_t token : params.allowed_token_ids) {
+        if (token >= n_vocab) {
+            c.error = "allowed_token_ids holds " + std::to_string(token) + ", not a token id of this model (0 to " +
+                      std::to_string(n_vocab - 1) + ")";
+            return c;
+        }
+    }
     const std::vector<llama_token> & tokens = t.tokens;
     if (tokens.empty()) {
         c.error = "prompt is empty: it tokenizes to no tokens, so there is nothing to continue";

@@ -12,7 +12,7 @@
 namespace fastpar {
 
 struct ChainShape {
-    bool bias = false;       // a logit-bias sampler comes first (logit_bias)
+    bool bias = false;       // a logit-bias sampler comes first (logit_bias, allowed_token_ids)
     bool penalties = false;  // then a penalties sampler (it needs the token history)
     bool greedy = false;     // temperature 0: the greedy sampler ends the chain
     int32_t top_k = 0;       // the top-k sampler's k (after any penalties); 0 = none, always with greedy
@@ -23,7 +23,7 @@ struct ChainShape {
 
     static ChainShape of(const GenerateParams & p) {
         ChainShape s;
-        s.bias = !p.logit_bias.empty();
+        s.bias = !p.logit_bias.empty() || !p.allowed_token_ids.empty();
         s.penalties = p.repeat_penalty != 1.0f || p.frequency_penalty != 0.0f || p.presence_penalty != 0.0f;
         s.greedy = p.temperature <= 0.0f;
         s.top_k = s.greedy ? 0 : p.top_k;

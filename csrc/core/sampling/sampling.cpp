@@ -393,6 +393,62 @@ void top_logprobs(const float * logits, int32_t n_vocab, int32_t k, std::vector<
     }
 }
 
+namespace {
+
+// allowed_token_ids as a sampler: every other candidate's logit becomes -inf. A mask of the
+// vocabulary (a byte a token) rather than a logit-bias entry for each banned token, which
+// would hold the whole vocabulary per request.
+struct AllowedTokens {
+    std::vector<char> mask;
+};
+
+const char * allowed_name(const llama_sampler * /*smpl*/) { return "fastpar-allowed-tokens"; }
+
+void allowed_apply(llama_sampler * smpl, llama_token_data_array * cur_p) {
+    const auto & mask = static_cast<const AllowedTokens *>(smpl->ctx)->mask;
+    for (size_t i = 0; i < cur_p->size; ++i) {
+        llama_token_data & d = cur_p->data[i];
+        if (d.id < 0 || static_cast<size_t>(d.id) >= mask.size() || !mask[static_cast<size_t>(d.id)]) {
+            d.logit = -std::numeric_limits<float>::infinity();
+            cur_p->sorted = false;
+        }
+    }
+}
+
+void allowed_free(llama_sampler * smpl) { delete static_cast<AllowedTokens *>(smpl->ctx); }
+
+llama_sampler * allowed_tokens_sampler(const std::vector<int32_t> & tokens, int32_t n_vocab) {
+    static llama_sampler_i iface = {
+        /* .name              = */ allowed_name,
+        /* .accept            = */ nullptr,
+        /* .apply             = */ allowed_apply,
+        /* .reset             = */ nullptr,
+        /* .clone             = */ nullptr,
+        /* .free              = */ allowed_free,
+        /* .backend_init      = */ nullptr,
+        /* .backend_accept    = */ nullptr,
+        /* .backend_apply     = */ nullptr,
+        /* .backend_set_input = */ nullptr,
+        /* .backend_reset     = */ nullptr,
+        /* .copy_state        = */ nullptr,
+    };
+    auto state = std::make_unique<AllowedTokens>();
+    state->mask.assign(static_cast<size_t>(n_vocab), 0);
+    for (const int32_t token : tokens) {
+        if (token < 0 || token >= n_vocab) {  // refusal() answers this per prompt
+            throw InvalidArgument("allowed_token_ids holds " + std::to_string(token) + ", outside the vocabulary");
+        }
+        state->mask[static_cast<size_t>(token)] = 1;
+    }
+    llama_sampler * s = llama_sampler_init(&iface, state.get());
+    if (s != nullptr) {
+        state.release();  // the sampler owns it from here
+    }
+    return s;
+}
+
+}  // namespace
+
 SamplerPtr make_sampler(const GenerateParams & p, uint32_t seed, int32_t n_vocab) {
     llama_sampler_chain_params cp = llama_sampler_chain_default_params();
     cp.no_perf = true;
@@ -417,11 +473,16 @@ SamplerPtr make_sampler(const GenerateParams & p, uint32_t seed, int32_t n_vocab
             }
             sums[token] += value;
         }
-        std::vector<llama_logit_bias> bias;
-        for (const auto & [token, value] : sums) {
-            bias.push_back({token, value});
+        if (!sums.empty()) {
+            std::vector<llama_logit_bias> bias;
+            for (const auto & [token, value] : sums) {
+                bias.push_back({token, value});
+            }
+            add(llama_sampler_init_logit_bias(n_vocab, static_cast<int32_t>(bias.size()), bias.data()));
         }
-        add(llama_sampler_init_logit_bias(n_vocab, static_cast<int32_t>(bias.size()), bias.data()));
+        if (!p.allowed_token_ids.empty()) {
+            add(allowed_tokens_sampler(p.allowed_token_ids, n_vocab));
+        }
     }
     if (shape.penalties) {
         add(llama_sampler_init_penalties(n_vocab, p.repeat_last_n, p.repeat_penalty, p.frequency_penalty,

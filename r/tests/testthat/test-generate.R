@@ -170,6 +170,15 @@ test_that("regex makes every output match it whole, per prompt or for all", {
   expect_error(generate_parallel(ctx, "Hi", regex = "(?=a)b"), "outside the supported subset")
 })
 
+test_that("allowed_token_ids keeps every generated token among them, per prompt or for all", {
+  ctx <- test_context()
+  out <- generate_parallel(ctx, c("One", "Two"), allowed_token_ids = list(c(42, 43, 44), 7),
+                           temperature = 1, seed = 4, max_tokens = 6)
+  expect_equal(out$n_gen_tokens, c(6L, 6L))  # no end-of-generation token among them
+  expect_true(all(out$token_ids[[1]] %in% c(42L, 43L, 44L)) && all(out$token_ids[[2]] == 7L))
+  expect_error(generate_parallel(ctx, "Hi", allowed_token_ids = -1), "token ids")
+})
+
 test_that("logit_bias forces and bans tokens, per prompt or for all", {
   ctx <- test_context()
   prompts <- c("The capital of France is", "Water boils at")

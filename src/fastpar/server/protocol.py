@@ -216,6 +216,13 @@ def _sampling(body: Mapping, chat: bool, n_ctx_per_seq: int, limits: Limits) -> 
     bias = _logit_bias(body)
     if bias:
         opts["logit_bias"] = bias
+    # vLLM's field: the only tokens generated.
+    allowed = body.get("allowed_token_ids")
+    if allowed is not None:
+        if (not isinstance(allowed, list) or not allowed or
+                not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in allowed)):
+            raise _bad("allowed_token_ids", "'allowed_token_ids' must be a non-empty list of token ids (integers >= 0)")
+        opts["allowed_token_ids"] = allowed
     # vLLM's field: a lower value takes a free slot before the requests queued with higher ones.
     priority = _integer(body, "priority", -(1 << 31), (1 << 31) - 1, None)
     if priority is not None:
@@ -270,7 +277,7 @@ def _sampling(body: Mapping, chat: bool, n_ctx_per_seq: int, limits: Limits) -> 
 def _param_of(message: str, default: str) -> str:
     names = {"json_schema": "response_format", "grammar": "response_format", "choice": "guided_choice",
              "regex": "guided_regex",
-             "logit_bias": "logit_bias",
+             "logit_bias": "logit_bias", "allowed_token_ids": "allowed_token_ids",
              "stop": "stop", "seed": "seed",
              "top_logprobs": "top_logprobs", "max_tokens": "max_tokens", "temperature": "temperature",
              "top_p": "top_p", "top_k": "top_k", "min_p": "min_p"}
@@ -416,8 +423,9 @@ def parse(body: Any, chat: bool, n_ctx_per_seq: int, limits: Limits = Limits()) 
 def prompt_failure(c: Completion, param: str) -> Optional[APIError]:
     """A prompt that could not be served (too long, empty, ...) is the request's 400."""
     if c.finish_reason == "error" and c.n_gen_tokens == 0:
-        if (c.error or "").startswith("logit_bias "):  # a token id outside the vocabulary
-            return _bad("logit_bias", c.error or "")
+        for field in ("logit_bias", "allowed_token_ids"):  # a token id outside the vocabulary
+            if (c.error or "").startswith(field + " "):
+                return _bad(field, c.error or "")
         code = "context_length_exceeded" if "n_ctx_per_seq" in (c.error or "") else None
         message = c.error or "the prompt failed"
         return _bad(param, message if param in ("prompt", "messages") else f"'{param}': {message}", code)
