@@ -57,6 +57,8 @@ def _rows():
             sp["stop"] = [" the"]
         if i % 11 == 3:
             sp["logprobs"] = True
+        if i % 13 == 4:
+            sp["reasoning"] = "split"  # these prompts do not think: an empty reasoning column
         if i % 23 == 5:
             sp.update(json_schema=json.dumps(SCHEMA), max_tokens=16)
         row["sampling_params"] = sp
@@ -115,6 +117,8 @@ def test_processor_rows_match_generate_parallel(ray_cluster, model):
         assert row["generated_text"] == want.text, (i, row, want)
         if src["sampling_params"].get("logprobs"):
             assert row["logprobs"] == pytest.approx(list(want.logprobs))
+        if src["sampling_params"].get("reasoning"):
+            assert row["reasoning"] == want.reasoning
         if "json_schema" in src["sampling_params"] and want.finish_reason == "stop":
             assert "answer" in json.loads(row["generated_text"])
 

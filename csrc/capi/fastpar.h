@@ -136,6 +136,9 @@ typedef struct fastpar_generate_params {
                                           (an end-of-generation token must be among them for the
                                           output to end early), or NULL: any */
     int32_t n_allowed_token_ids;
+    const char * reasoning;    /* "split": a <think> thought goes to fastpar_completion.reasoning,
+                                  constraints apply to the answer after it; "off": a chat
+                                  prompt's thought is closed empty; NULL: the output as is */
 } fastpar_generate_params;
 
 /* One chat message; a prompt of messages is rendered with the model's own chat template. */
@@ -169,6 +172,8 @@ typedef struct fastpar_completion {
     float * embedding;          /* fastpar_embed: the text's n_embedding floats (fastpar_rerank: the
                                    score first); NULL otherwise and when the text failed */
     int32_t n_embedding;
+    char * reasoning;           /* reasoning "split": the thought (NUL-terminated UTF-8; text is then
+                                   the answer after it), or NULL when there was none */
 } fastpar_completion;
 
 typedef struct fastpar_stats {

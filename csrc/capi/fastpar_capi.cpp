@@ -52,6 +52,7 @@ void free_results(fastpar_completion * results, int32_t n_results) {
         std::free(results[i].top_logprob_ids);
         std::free(results[i].top_logprob_values);
         std::free(results[i].embedding);
+        std::free(results[i].reasoning);
     }
     std::free(results);
 }
@@ -228,6 +229,9 @@ fastpar_completion * to_c(const std::vector<fastpar::Completion> & out) {
             fastpar_completion & r = results[i];
             r.text = dup_string(c.text);
             r.text_len = c.text.size();
+            if (!c.reasoning.empty()) {
+                r.reasoning = dup_string(c.reasoning);
+            }
             r.n_gen_tokens = static_cast<int32_t>(c.token_ids.size());
             r.token_ids = copy_array(c.token_ids.data(), c.token_ids.size());
             if (!c.logprobs.empty()) {

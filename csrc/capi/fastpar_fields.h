@@ -85,6 +85,7 @@
     X(priority,             INT32,   1, 1, 1)                               \
     X(regex,                STRING,  1, 1, 1)                               \
     X(allowed_token_ids,    TOKENS,  1, 1, 1)                               \
+    X(reasoning,            STRING,  1, 1, 1)                               \
     X(prompt_logprobs,      BOOL,    0, 1, 0)                               \
     X(prompt_logprobs_from, INT32,   0, 0, 0)
 

@@ -178,6 +178,7 @@ void register_generate(py::module_ & m) {
 
     auto completion = py::class_<Completion>(m, "Completion", "The answer to one prompt.")
         .def_readonly("text", &Completion::text)
+        .def_readonly("reasoning", &Completion::reasoning)
         .def_readonly("token_ids", &Completion::token_ids)
         .def_readonly("logprobs", &Completion::logprobs)
         .def_property_readonly("top_logprobs",
@@ -214,7 +215,7 @@ void register_generate(py::module_ & m) {
     def_record(completion, "Completion",
                {"finish_reason", "error", "n_prompt_tokens", "n_prompt_tokens_shared", "n_gen_tokens", "t_total_ms",
                 "text"},
-               {"text", "token_ids", "logprobs", "top_logprobs", "prompt_token_ids", "prompt_logprobs", "prompt_greedy", "prompt_top_logprobs", "finish_reason", "error", "n_prompt_tokens", "n_prompt_tokens_shared",
+               {"text", "reasoning", "token_ids", "logprobs", "top_logprobs", "prompt_token_ids", "prompt_logprobs", "prompt_greedy", "prompt_top_logprobs", "finish_reason", "error", "n_prompt_tokens", "n_prompt_tokens_shared",
                 "n_prompt_tokens_cached", "n_gen_tokens", "t_queued_ms", "t_first_token_ms", "t_total_ms", "embedding"});
 
     auto stats = py::class_<Stats>(m, "Stats", "Statistics of one generate call.")

@@ -73,6 +73,11 @@ void register_model(py::module_ & m) {
         .def_property_readonly("n_ctx_train", &Model::n_ctx_train)
         .def_property_readonly("description", &Model::description)
         .def_property_readonly("has_chat_template", &Model::has_chat_template)
+        .def_property_readonly("chat_template",
+                               [](const Model & m) -> std::optional<std::string> {
+                                   const char * t = m.chat_template();
+                                   return t != nullptr ? std::optional<std::string>(t) : std::nullopt;
+                               })
         .def("tokenize", &Model::tokenize, py::arg("text"), py::arg("parse_special") = true,
              py::arg("add_special") = true,
              "Token ids of text, as generate would feed them (special tokens parsed unless parse_special=False;\n"

@@ -26,10 +26,10 @@ GrammarCosts measure_grammar(const Model & model, const GenerateParams & params,
     };
     GrammarCosts c;
     auto t0 = clock::now();
-    std::string text = params.grammar;
-    if (text.empty()) {
-        text = convert_json_schema(params.json_schema);
-    }
+    // A schema or regex converted here, uncached: the first sight's cost.
+    const std::string text = !params.json_schema.empty() ? convert_json_schema(params.json_schema)
+                             : !params.regex.empty()     ? regex_grammar(params.regex)
+                                                         : constraint_grammar(params);
     c.convert_ms = ms(t0);
     t0 = clock::now();
     CompiledGrammar compiled = compile_grammar(model.vocab(), text);

@@ -36,7 +36,9 @@
 #'   those tokens' logits before sampling: `c("42" = 100)` forces token 42, `-Inf` bans a
 #'   token; or a list with one such vector per prompt), `allowed_token_ids` (the only token
 #'   ids generated: a vector, or a list with one per prompt; the output ends early only if an
-#'   end-of-generation token is among them), `priority` (which queued prompt takes a free slot first:
+#'   end-of-generation token is among them), `reasoning` (`"split"`: a thinking model's
+#'   `<think>` thought goes to a `reasoning` column and `text` is the answer after it, which
+#'   the constraints apply to; `"off"`: a chat prompt's thought is closed empty), `priority` (which queued prompt takes a free slot first:
 #'   the lowest value, first come first served among equals), `logprobs` (`TRUE` adds a list column `logprobs`, the log-probability
 #'   of every generated token), `top_logprobs` (`k` from 1 to 20 adds a list column
 #'   `top_logprobs`: for each row a list of two matrices with a row per generated token and
@@ -111,6 +113,7 @@ generate_parallel <- function(ctx, prompts, max_tokens = NULL, temperature = NUL
   cols <- out$columns
   if (is.null(n)) cols$prompt_index <- cols$sample_index <- NULL
   if (is.null(cols$logprobs)) cols$logprobs <- NULL
+  if (is.null(cols$reasoning)) cols$reasoning <- NULL
   if (is.null(cols$top_logprobs)) cols$top_logprobs <- NULL
   res <- structure(cols, class = "data.frame", row.names = seq_along(cols$text))
   attr(res, "stats") <- out$stats
@@ -124,7 +127,7 @@ generate_parallel <- function(ctx, prompts, max_tokens = NULL, temperature = NUL
   model = character(),
   context = c("n_batch", "device_sampling", "warmup", "kv_unified", "share_prefixes", "type_k", "type_v",
               "prefix_cache_mib", "prefix_cache_dir", "embeddings", "pooling"),
-  generate = c("grammar", "choice", "logit_bias", "allowed_token_ids", "priority", "regex", "logprobs", "top_logprobs", "presence_penalty", "frequency_penalty", "repeat_last_n")
+  generate = c("grammar", "choice", "logit_bias", "allowed_token_ids", "priority", "regex", "reasoning", "logprobs", "top_logprobs", "presence_penalty", "frequency_penalty", "repeat_last_n")
 )
 
 .options <- function(what) {

@@ -468,14 +468,17 @@ static SEXP fastpar_r_generate(SEXP ctx_ptr, SEXP prompts, SEXP opts, SEXP per_p
     INTEGER(count)[0] = n_results;
     R_SetExternalPtrAddr(held, results);
 
-    bool any_logprobs = false, any_top = false;
+    bool any_logprobs = false, any_top = false, any_split = false;
     for (int32_t k = 0; k < n_results; ++k) {
         any_logprobs = any_logprobs || results[k].logprobs != NULL;
         any_top = any_top || results[k].n_top_logprobs > 0;
     }
+    for (R_xlen_t i = 0; i < n_params; ++i) {
+        any_split = any_split || (gp[i].reasoning != NULL && strcmp(gp[i].reasoning, "split") == 0);
+    }
     const char * names[] = {"prompt_index", "sample_index", "text", "finish_reason", "error", "n_prompt_tokens",
                             "n_prompt_tokens_shared", "n_prompt_tokens_cached", "n_gen_tokens", "token_ids",
-                            "logprobs", "top_logprobs", ""};
+                            "logprobs", "top_logprobs", "reasoning", ""};
     SEXP cols = PROTECT(Rf_mkNamed(VECSXP, names));
     SEXP prompt_index = Rf_allocVector(INTSXP, n_results);
     SET_VECTOR_ELT(cols, 0, prompt_index);
@@ -501,6 +504,8 @@ static SEXP fastpar_r_generate(SEXP ctx_ptr, SEXP prompts, SEXP opts, SEXP per_p
     SET_VECTOR_ELT(cols, 10, lp);
     SEXP top = any_top ? Rf_allocVector(VECSXP, n_results) : R_NilValue;
     SET_VECTOR_ELT(cols, 11, top);
+    SEXP reasoning = any_split ? Rf_allocVector(STRSXP, n_results) : R_NilValue;
+    SET_VECTOR_ELT(cols, 12, reasoning);
 
     /* Prompt i contributes its n samples in turn (fastpar_generate's order). */
     int32_t k = 0;
@@ -531,6 +536,9 @@ static SEXP fastpar_r_generate(SEXP ctx_ptr, SEXP prompts, SEXP opts, SEXP per_p
             }
             if (any_top) {
                 SET_VECTOR_ELT(top, k, top_logprobs_entry(c));
+            }
+            if (any_split) {
+                SET_STRING_ELT(reasoning, k, Rf_mkCharCE(c->reasoning != NULL ? c->reasoning : "", CE_UTF8));
             }
         }
     }

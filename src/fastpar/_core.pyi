@@ -68,6 +68,9 @@ class Model:
     def add_bos(self) -> bool:
         ...
     @property
+    def chat_template(self) -> str | None:
+        ...
+    @property
     def description(self) -> str:
         ...
     @property
@@ -156,6 +159,7 @@ class GenerateParams:
     json_schema: str
     logprobs: bool
     prompt_logprobs: bool
+    reasoning: str
     regex: str
     def __init__(self) -> None:
         ...
@@ -316,6 +320,9 @@ class Completion:
         ...
     @property
     def prompt_top_logprobs(self) -> list[list[tuple[int, str, float]]]:
+        ...
+    @property
+    def reasoning(self) -> str:
         ...
     @property
     def t_first_token_ms(self) -> float:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import List, Union
+from typing import List, Optional, Union
 
 from . import _core, _openmp
 from ._options import _MODEL_DEFAULTS, _bool, _int, _keywords_checked, _model_params
@@ -87,6 +87,11 @@ class Model:
     def token_bytes(self, token: int) -> bytes:
         """The bytes token ``token`` stands for (a piece of a character may be part of one)."""
         return self._model.token_bytes(_int("token", token))
+
+    @property
+    def chat_template(self) -> Optional[str]:
+        """The GGUF's own chat template (Jinja text), or None when it has none."""
+        return self._model.chat_template
 
     @_keywords_checked
     def apply_chat_template(self, messages: Sequence[Message]) -> str:

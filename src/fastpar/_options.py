@@ -198,6 +198,11 @@ class SamplingParams:
     ``allowed_token_ids``: a sequence of token ids (kept as a sorted tuple), the only tokens
     generated; the output ends early only if an end-of-generation token is among them (ban
     tokens with ``logit_bias`` of ``-math.inf``).
+    ``reasoning`` (thinking models' ``<think>...</think>``): ``"split"`` puts the thought
+    the output opens with (or continues, when the prompt opened one) in
+    ``Completion.reasoning`` and the answer after it in ``text``, and the constraints apply
+    to the answer alone; ``"off"`` closes an empty thought after a chat prompt, so the model
+    answers at once; None leaves the output as it is.
     ``priority``: which queued prompt takes a free slot first, the lowest value (first come
     first served among equals); a running prompt is never stopped for another.
     ``prompt_logprobs``: each prompt token's log-probability given the tokens before it, in
@@ -229,6 +234,7 @@ class SamplingParams:
     priority: int = _default("priority")
     regex: Optional[str] = None
     allowed_token_ids: Optional[Tuple[int, ...]] = None
+    reasoning: Optional[str] = None
     prompt_logprobs: bool = _default("prompt_logprobs")
 
     def __post_init__(self) -> None:
@@ -332,7 +338,7 @@ def _to_core(sp: SamplingParams) -> _core.GenerateParams:
         elif name == "choice":
             if value is not None:
                 params.choice = [_text(c, "choice") for c in value]
-        elif name in ("json_schema", "grammar", "regex"):
+        elif name in ("json_schema", "grammar", "regex", "reasoning"):
             if value is not None:
                 setattr(params, name, _text(value, name))
         elif name in ("logit_bias", "allowed_token_ids"):

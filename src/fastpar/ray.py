@@ -303,6 +303,9 @@ class FastparPredictor:
                 top = [[[{"token_id": t, "text": s, "logprob": p} for (t, s, p) in pos] for pos in c.top_logprobs]
                        for c in completions]
                 out["top_logprobs"] = top if listed else top[0]
+            if params.reasoning == "split":
+                thoughts = [c.reasoning for c in completions]
+                out["reasoning"] = thoughts if listed else thoughts[0]
         out[ERROR_COLUMN] = error
         return out
 

@@ -188,6 +188,21 @@ int main(int argc, char ** argv) {
               strstr(fastpar_last_error(), "regex") != NULL && results == NULL,
           "a regex outside the subset");
 
+    /* reasoning "split": a prompt that opens a thought gets it back apart from the answer (all of
+     * it here, where max_tokens cuts the thought short). */
+    const fastpar_prompt thinking = {"Q: What is 2+3?\n<think>2 plus 3 is 5.</think>\nA: 5\n\nQ: What is 2+2?\n<think>",
+                                     NULL, 0};
+    fastpar_generate_params think = fastpar_generate_default_params();
+    think.max_tokens = 3;
+    think.temperature = 0.0f;
+    think.reasoning = "split";
+    CHECK(fastpar_generate(ctx, &thinking, 1, &think, 1, &results, &n_results) == FASTPAR_OK && n_results == 1,
+          "reasoning");
+    CHECK(results[0].reasoning != NULL && results[0].reasoning[0] != '\0' && results[0].text_len == 0,
+          "reasoning: the cut thought, no answer");
+    fastpar_results_free(results, n_results);
+    results = NULL;
+
     /* The interrupt check: a call it stops returns FASTPAR_ERR_INTERRUPTED, allocates
      * nothing and leaves the context clean (the next call's greedy tokens are those of a
      * call that was never interrupted). */

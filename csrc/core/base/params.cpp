@@ -160,6 +160,9 @@ void validate(const GenerateParams & p) {
                 ": a bias is a finite number, or -infinity to ban the token");
         }
     }
+    if (!p.reasoning.empty() && p.reasoning != "split" && p.reasoning != "off") {
+        bad("reasoning must be \"split\", \"off\" or none, got \"" + p.reasoning + "\"");
+    }
     for (const int32_t token : p.allowed_token_ids) {
         if (token < 0) {
             bad("allowed_token_ids holds " + std::to_string(token) + ": token ids are >= 0");

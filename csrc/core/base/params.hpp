@@ -141,6 +141,11 @@ struct GenerateParams {
     // Only these tokens may be generated (vLLM's allowed_token_ids; empty: any). The output
     // can end early only if an end-of-generation token is among them.
     std::vector<int32_t> allowed_token_ids;
+    // Thinking models' <think>...</think>: "split" puts a thought the output opens with (or
+    // continues, when the prompt opened one) in Completion::reasoning and the answer after it
+    // in text, and json_schema, grammar, choice and regex constrain the answer alone; "off"
+    // closes an empty thought after a chat prompt, so the model answers at once; "": as is.
+    std::string reasoning;
     // Scoring: each prompt token's log-probability given the tokens before it, in
     // Completion::prompt_logprobs. With max_tokens = 0 the prompt is scored and nothing is
     // generated (its last token is then never decoded: no logits are needed after it).

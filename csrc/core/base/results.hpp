@@ -26,6 +26,8 @@ struct TopLogprob {
 
 struct Completion {
     std::string text;                 // valid UTF-8 (invalid bytes replaced by U+FFFD)
+    // With GenerateParams::reasoning "split": the thought (text is then the answer after it).
+    std::string reasoning;
     std::vector<int32_t> token_ids;   // generated tokens, end-of-generation token excluded
     std::vector<float> logprobs;      // with GenerateParams::logprobs: log p(token) under the model
                                       // (softmax of the raw logits), one per token_ids entry

@@ -5,10 +5,11 @@
 
 #include "core/base/errors.hpp"
 #include "core/loop/scheduler.hpp"
+#include "core/structured/reasoning.hpp"
 
 namespace fastpar {
 
-void tokenize_prompt(const Model & model, const Prompt & prompt, Tokenized & out) {
+void tokenize_prompt(const Model & model, const Prompt & prompt, const std::string & reasoning, Tokenized & out) {
     try {
         if (prompt.is_tokens) {
             const int32_t n_vocab = model.n_vocab();
@@ -20,9 +21,21 @@ void tokenize_prompt(const Model & model, const Prompt & prompt, Tokenized & out
                 }
             }
             out.tokens.assign(prompt.tokens.begin(), prompt.tokens.end());
+            if (reasoning == "split") {  // the last few tokens' text holds any <think>
+                std::string tail;
+                for (size_t i = out.tokens.size() > 4 ? out.tokens.size() - 4 : 0; i < out.tokens.size(); ++i) {
+                    tail += model.token_piece(out.tokens[i]);
+                }
+                out.thought_open = opens_thought(tail);
+            }
             return;
         }
-        out.tokens = model.tokenize(prompt.is_chat ? model.apply_chat_template(prompt.messages) : prompt.text);
+        std::string text = prompt.is_chat ? model.apply_chat_template(prompt.messages) : prompt.text;
+        if (reasoning == "off" && prompt.is_chat) {
+            text = close_thought(text);
+        }
+        out.thought_open = reasoning == "split" && opens_thought(text);
+        out.tokens = model.tokenize(text);
     } catch (const std::exception & e) {
         out.failed = true;
         out.error = e.what();
@@ -112,7 +125,9 @@ void Scheduler::admit() {
             std::count_if(slots_.begin(), slots_.end(), [](const std::unique_ptr<Slot> & s) { return !s->active(); }));
         if (n_free >= kMinPooled) {
             ahead.resize(std::min(n_free, queue_.size()));
-            pool_->run(ahead.size(), [&](size_t i) { tokenize_prompt(model_, queue_[i].prompt, ahead[i]); });
+            pool_->run(ahead.size(), [&](size_t i) {
+                tokenize_prompt(model_, queue_[i].prompt, queue_[i].params->reasoning, ahead[i]);
+            });
         }
     }
     size_t n_taken = 0;
@@ -127,7 +142,7 @@ void Scheduler::admit() {
         if (n_taken < ahead.size()) {
             t = std::move(ahead[n_taken]);
         } else {
-            tokenize_prompt(model_, request.prompt, t);
+            tokenize_prompt(model_, request.prompt, params.reasoning, t);
         }
         ++n_taken;
         if (embeddings_) {
@@ -153,7 +168,7 @@ void Scheduler::admit() {
         GrammarPtr grammar;
         if (constrained(params)) {
             try {
-                grammar = grammars_.make(params);
+                grammar = grammars_.make(params, t.thought_open);
             } catch (const std::exception & e) {
                 // This prompt only; never generated without its constraint.
                 ++stats_.n_failed;
@@ -164,6 +179,7 @@ void Scheduler::admit() {
         Slot & slot = pick_slot(t.tokens);
         choose_sampler(slot, params, request.seed);
         slot.grammar = std::move(grammar);
+        slot.thought_open = t.thought_open;
         start_slot(slot, std::move(request), std::move(t.tokens));
         reuse_cached(slot);
         pair_for_sharing(slot);

@@ -21,6 +21,7 @@ namespace fastpar {
 // A prompt's tokens, or why it has none.
 struct Tokenized {
     std::vector<llama_token> tokens;
+    bool thought_open = false;  // with reasoning "split": the prompt ends inside a thought
     bool failed = false;
     std::string error;
 };
@@ -28,7 +29,8 @@ struct Tokenized {
 // `prompt`'s tokens: its text (chat messages rendered with the model's template first)
 // tokenized, or its token ids checked against the vocabulary. Safe on several threads at
 // once (llama_tokenize is thread-safe), never throws.
-void tokenize_prompt(const Model & model, const Prompt & prompt, Tokenized & out);
+// With `reasoning` "off" a chat prompt's thought is closed; with "split" thought_open is set.
+void tokenize_prompt(const Model & model, const Prompt & prompt, const std::string & reasoning, Tokenized & out);
 
 // The completion that ends a request with prompt `t` before it takes a slot, or none: it
 // may take one. In this order: tokenizing failed, its logit_bias names a token outside the

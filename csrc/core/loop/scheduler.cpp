@@ -509,6 +509,9 @@ void Scheduler::finish(Slot & s, FinishReason reason, const std::string & error)
         }
     }
     c.text = s.text.take_text();
+    if (s.request.params->reasoning == "split") {
+        c.reasoning = split_thought(c.text, s.thought_open);
+    }
     c.n_gen_tokens = static_cast<int32_t>(c.token_ids.size());
     c.t_total_ms = ms_since(s.request.t_submit);
     Request request = std::move(s.request);

@@ -51,6 +51,7 @@ struct Slot {
     GrammarPtr grammar;        // its json_schema or grammar constraint, or null
     bool on_device = false;    // its logits are cut down on the device (device sampling)
     TextStream text;           // its text, streamed or not
+    bool thought_open = false; // its prompt ends inside a thought (reasoning "split")
     Completion completion;
     PromptScoring scoring;     // with GenerateParams::prompt_logprobs
     uint64_t order = 0;        // admitted as the order-th request: an embeddings step goes oldest first

@@ -30,6 +30,8 @@ public:
     int32_t n_ctx_train() const;
     std::string description() const;
     bool has_chat_template() const { return chat_template_ != nullptr; }
+    // The GGUF's chat template text (null: none).
+    const char * chat_template() const { return chat_template_; }
     // True when every layer and the output layer run on a GPU (n_gpu_layers covers them all).
     bool output_on_gpu() const { return output_on_gpu_; }
     // True when any layer runs on a GPU (n_gpu_layers != 0 in a GPU build).

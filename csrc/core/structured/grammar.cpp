@@ -6,9 +6,9 @@ namespace fastpar {
 
 void CompiledGrammarDeleter::operator()(llama_grammar * g) const { llama_grammar_free_impl(g); }
 
-CompiledGrammar compile_grammar(const llama_vocab * vocab, const std::string & text) {
+CompiledGrammar compile_grammar(const llama_vocab * vocab, const std::string & text, const char * root) {
     // llama.cpp reports parse errors on stderr and returns null; it aborts on nothing here.
-    return CompiledGrammar(llama_grammar_init_impl(vocab, text.c_str(), "root", false, nullptr, 0, nullptr, 0));
+    return CompiledGrammar(llama_grammar_init_impl(vocab, text.c_str(), root, false, nullptr, 0, nullptr, 0));
 }
 
 CompiledGrammar copy_grammar(const llama_grammar & g) { return CompiledGrammar(llama_grammar_clone_impl(g)); }

@@ -26,7 +26,7 @@ using CompiledGrammar = std::unique_ptr<llama_grammar, CompiledGrammarDeleter>;
 
 // Compiling and copying (grammar.cpp). `text`'s GBNF with its rule "root"; null when it
 // does not compile (llama.cpp's reason is on stderr).
-CompiledGrammar compile_grammar(const llama_vocab * vocab, const std::string & text);
+CompiledGrammar compile_grammar(const llama_vocab * vocab, const std::string & text, const char * root = "root");
 // A copy of `g` in its current state, with rules of its own; null when it fails.
 CompiledGrammar copy_grammar(const llama_grammar & g);
 

@@ -7,6 +7,7 @@
 #include "core/base/errors.hpp"
 #include "core/structured/allowed_sets.hpp"
 #include "core/structured/grammar.hpp"
+#include "core/structured/reasoning.hpp"
 #include "core/structured/schema.hpp"
 
 namespace fastpar {
@@ -17,8 +18,12 @@ GrammarCache::GrammarCache(const llama_vocab * vocab, int32_t mask_workers)
     : vocab_(vocab), sets_(std::make_shared<AllowedSets>(vocab, kAllowedSetsBudget, mask_workers)) {}
 GrammarCache::~GrammarCache() = default;
 
-GrammarPtr GrammarCache::make(const GenerateParams & params) {
-    const std::string text = constraint_grammar(params);
+GrammarPtr GrammarCache::make(const GenerateParams & params, bool thought_open) {
+    const bool reasoned = params.reasoning == "split";
+    std::string text = constraint_grammar(params);
+    if (reasoned) {  // its root is kReasonedRoot, and its text tells it from the plain one
+        text = reasoning_grammar(text, thought_open);
+    }
     auto it = entries_.find(text);
     if (it == entries_.end()) {
         if (entries_.size() >= kMaxCompiledGrammars) {
@@ -27,7 +32,7 @@ GrammarPtr GrammarCache::make(const GenerateParams & params) {
         Entry e;
         e.id = next_id_++;
         if (!text.empty()) {
-            e.compiled = compile_grammar(vocab_, text);
+            e.compiled = compile_grammar(vocab_, text, reasoned ? kReasonedRoot : "root");
         }
         if (e.compiled) {
             e.token_terminals = has_token_terminals(*e.compiled);

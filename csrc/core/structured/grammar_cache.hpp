@@ -43,7 +43,9 @@ public:
     ~GrammarCache();
     // A new grammar for `params` (constrained() must hold). Throws Error naming the reason
     // when the grammar does not compile; that failure is kept too.
-    GrammarPtr make(const GenerateParams & params);
+    // With reasoning "split" the constraint applies after a thought, which must come first
+    // when the prompt left one open (`thought_open`).
+    GrammarPtr make(const GenerateParams & params, bool thought_open = false);
 
     // Whether the rows make() gives share allowed-token sets (on by default). Off, every
     // refused row masks with its grammar alone, as before the sets existed: the oracle the

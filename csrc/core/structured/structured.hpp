@@ -3,6 +3,7 @@
 // generates. docs/api.md lists the JSON-schema features supported and what happens when a
 // constraint fails. The units of this folder, one job each:
 //   schema              JSON schema and regex checks and conversion to GBNF
+//   reasoning           thoughts (<think>): open prompts, the grammar after one, the split
 //   grammar             llama.cpp's grammar internals (the one header that includes them)
 //   token_tree          the vocabulary arranged once for masking it whole
 //   allowed_sets        allowed-token sets by grammar state, and the state key
@@ -12,4 +13,5 @@
 
 #include "core/structured/constrained_choice.hpp"
 #include "core/structured/grammar_cache.hpp"
+#include "core/structured/reasoning.hpp"
 #include "core/structured/schema.hpp"

@@ -179,6 +179,15 @@ test_that("allowed_token_ids keeps every generated token among them, per prompt 
   expect_error(generate_parallel(ctx, "Hi", allowed_token_ids = -1), "token ids")
 })
 
+test_that("reasoning = 'split' puts an opened thought in a reasoning column", {
+  ctx <- test_context()
+  prompt <- "Q: What is 2+3?\n<think>2 plus 3 is 5.</think>\nA: 5\n\nQ: What is 2+2?\n<think>"
+  out <- generate_parallel(ctx, c(prompt, "Hello"), reasoning = c("split", NA), temperature = 0, max_tokens = 3)
+  expect_true(nchar(out$reasoning[1]) > 0 && out$text[1] == "")  # cut short inside the thought
+  expect_equal(out$reasoning[2], "")
+  expect_null(generate_parallel(ctx, "Hello", max_tokens = 2)$reasoning)
+})
+
 test_that("logit_bias forces and bans tokens, per prompt or for all", {
   ctx <- test_context()
   prompts <- c("The capital of France is", "Water boils at")

@@ -41,6 +41,7 @@ from fastpar import Completion, Engine, Request
 from .protocol import RETRY_AFTER_S, APIError, Limits, Parsed, chunk_logprobs, failure, parse, prompt_failure
 from .protocol import prompt_tokens, response_body, usage
 from .embeddings import answer_embeddings, vector_endpoint
+from .reasoning import ThoughtSplit, opens_thought, thinks
 from .rerank import RERANK_PATHS, answer_rerank
 
 __all__ = ["create_app"]
@@ -372,7 +373,7 @@ def create_app(engine: Union[Engine, Callable[[], Engine]], *, model_name: Optio
                     raise APIError(400, f"this server {what}, or start one without that option to generate",
                                    code="embeddings_only")
                 body = await _json_body(request)
-                req = parse(body, chat, engine.n_ctx_per_seq, state.limits)
+                req = parse(body, chat, engine.n_ctx_per_seq, state.limits, chat and thinks(engine.model))
                 if max_queued is not None:
                     s = engine.stats()
                     free = engine.n_parallel - s.n_active
@@ -451,9 +452,11 @@ def create_app(engine: Union[Engine, Callable[[], Engine]], *, model_name: Optio
         vocab = engine.model
 
         def chunk(index: int, text: Optional[str], finish: Optional[str], logprobs: Any = None,
-                  role: bool = False) -> bytes:
+                  role: bool = False, reasoning: str = "") -> bytes:
             if chat:
                 delta: Dict[str, Any] = {"role": "assistant"} if role else {}
+                if reasoning:
+                    delta["reasoning_content"] = reasoning
                 if text is not None:
                     delta["content"] = text
                 choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
@@ -464,6 +467,9 @@ def create_app(engine: Union[Engine, Callable[[], Engine]], *, model_name: Optio
 
         n = job.n
         pending = list(range(job.n_choices))
+        # Thoughts split off as they stream, as the core splits the finished text.
+        splits = ({k: ThoughtSplit(opens_thought(vocab.apply_chat_template(req.prompts[k // n])))
+                   for k in pending} if chat and req.opts.get("reasoning") == "split" else {})
         cache: Dict[int, bytes] = {}
         completions: List[Optional[Completion]] = [None] * job.n_choices
         outcome = "client_disconnect"
@@ -482,7 +488,11 @@ def create_app(engine: Union[Engine, Callable[[], Engine]], *, model_name: Optio
                         texts.setdefault(i * n + j, []).append(piece)
                 still = []
                 for k in pending:
-                    if k in texts:
+                    if k in splits:
+                        reasoning, content = splits[k].feed("".join(texts.get(k, ())), k in ended)
+                        if reasoning or content:
+                            yield chunk(k, content or None, None, reasoning=reasoning)
+                    elif k in texts:
                         yield chunk(k, "".join(texts[k]), None)
                     if k not in ended:
                         still.append(k)

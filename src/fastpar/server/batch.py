@@ -26,6 +26,7 @@ from typing import Any, Dict, Iterator, List, Optional, Set, TextIO, Tuple
 import fastpar
 
 from .embeddings import embeddings_body, parse_embeddings
+from .reasoning import thinks
 from .protocol import APIError, Parsed, failure, parse, response_body
 
 URLS = {"/v1/chat/completions": True, "/v1/completions": False}
@@ -93,7 +94,8 @@ def _read_done(path: str) -> Set[str]:
     return done
 
 
-def _parse_line(number: int, raw: str, n_ctx_per_seq: int, seen: Set[str], name: str, embedding_size: int = 0) -> _Line:
+def _parse_line(number: int, raw: str, n_ctx_per_seq: int, seen: Set[str], name: str, embedding_size: int = 0,
+                model_thinks: bool = False) -> _Line:
     where = f"line {number} of {name}"
     try:
         rec = json.loads(raw)
@@ -124,7 +126,7 @@ def _parse_line(number: int, raw: str, n_ctx_per_seq: int, seen: Set[str], name:
             return _Line(number, custom_id, None, e.message)
         return _Line(number, custom_id, None, None, (texts, fmt, rec["body"].get("model")))
     try:
-        req = parse(rec.get("body"), URLS[url], n_ctx_per_seq)
+        req = parse(rec.get("body"), URLS[url], n_ctx_per_seq, thinks=URLS[url] and model_thinks)
     except APIError as e:
         return _Line(number, custom_id, None, e.message)
     if req.stream:
@@ -153,7 +155,8 @@ def run_batch(ctx: fastpar.Context, input_path: str, output_path: str, *, limit:
     seen: Set[str] = set()
     name = os.path.basename(input_path)
     for number, raw in _lines(input_path):
-        line = _parse_line(number, raw, ctx.n_ctx_per_seq, seen, name, ctx.embedding_size if ctx.embeddings else 0)
+        line = _parse_line(number, raw, ctx.n_ctx_per_seq, seen, name, ctx.embedding_size if ctx.embeddings else 0,
+                           thinks(ctx.model))
         key = _key(line.custom_id, line.number)
         if key in done:
             counts["skipped"] += 1

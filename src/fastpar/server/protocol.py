@@ -11,6 +11,8 @@ from typing import Any, Dict, List, Optional, Tuple
 import fastpar
 from fastpar import Completion, SamplingParams
 
+from .reasoning import reasoning_option
+
 #: Most samples (``n``) one request may ask for, and most prompts in one completions call
 #: (``Limits``' defaults).
 MAX_N = 128
@@ -397,8 +399,10 @@ class Parsed:
             raise _bad(_param_of(str(e), self.param), str(e)) from None
 
 
-def parse(body: Any, chat: bool, n_ctx_per_seq: int, limits: Limits = Limits()) -> Parsed:
-    """A request body (parsed JSON) as a Parsed request; APIError (400 naming the field)."""
+def parse(body: Any, chat: bool, n_ctx_per_seq: int, limits: Limits = Limits(), thinks: bool = False) -> Parsed:
+    """A request body (parsed JSON) as a Parsed request; APIError (400 naming the field).
+    ``thinks``: the model's chat template writes thoughts, which chat answers then split off
+    (reasoning.py)."""
     if not isinstance(body, Mapping):
         raise APIError(400, "the request body must be a JSON object")
     if chat:
@@ -414,6 +418,10 @@ def parse(body: Any, chat: bool, n_ctx_per_seq: int, limits: Limits = Limits()) 
     include_usage = bool(so and so.get("include_usage")) and stream
     echo = False if chat else _get(body, "echo", (bool,), "a boolean", False)
     opts, n, n_top = _sampling(body, chat, n_ctx_per_seq, limits)
+    if chat:
+        reasoning = reasoning_option(body, thinks, _bad)
+        if reasoning is not None:
+            opts["reasoning"] = reasoning
     if echo and n_top >= 0:
         opts["prompt_logprobs"] = True  # the prompt's tokens get log-probabilities too
     model = body.get("model") if isinstance(body.get("model"), str) else None
@@ -450,7 +458,10 @@ def response_body(req: Parsed, rid: str, created: int, model: str, completions: 
     choices = []
     for k, c in enumerate(completions):
         if req.chat:
-            choices.append({"index": k, "message": {"role": "assistant", "content": c.text, "refusal": None},
+            message = {"role": "assistant", "content": c.text, "refusal": None}
+            if c.reasoning:
+                message["reasoning_content"] = c.reasoning
+            choices.append({"index": k, "message": message,
                             "logprobs": _chat_logprobs(vocab, c, req.n_top, cache) if req.n_top >= 0 else None,
                             "finish_reason": FINISH[c.finish_reason]})
         else:
