@@ -21,6 +21,14 @@ over mean-length tokens/s). Also what the constraint costs alone
     python bench/bench_structured.py [--out bench/results/cpu-x86_64-2core-structured.json]
     python bench/bench_structured.py --gpu --model SPEED_MODEL.gguf --slots 256 --prompts 1024
     python bench/bench_structured.py --fuzz 1000     # random schemas and grammars, one process
+    python bench/bench_structured.py --constraint choice    # or regex: the same prompts and ratios
+    python bench/bench_structured.py --classify 10000       # a classification job with choice
+
+--constraint choice asks for one of the schema's categories, --constraint regex for a
+"category, priority N: summary." line (REGEX), on the same prompts, measured as above.
+--classify N: N tickets asked for their category, greedy with `choice` on 32 slots, against
+the same prompts unconstrained generating as many tokens each (ignore_eos); prints the wall
+times, their ratio and how many outputs are outside the labels (must be 0).
 
 --gpu offloads every layer (bar: >= 0.7 at 256 slots with the speed model; its text is
 noise, so most tokens take the grammar's mask, the worst case).
@@ -47,6 +55,10 @@ sys.path.insert(0, str(ROOT / "tests"))
 from extraction_task import TICKET_SCHEMA as SCHEMA, TICKETS  # noqa: E402 - the tests' task
 
 
+LABELS = SCHEMA["properties"]["category"]["enum"]
+REGEX = r"(bug|feature|question), priority [1-5]: [a-z][a-z ,']{9,59}\."
+
+
 def ticket_text(i: int) -> str:
     return (f"Ticket #{i}: {TICKETS[i % len(TICKETS)]}. "
             "Answer with the ticket's category, priority, summary, urgency and tags as JSON.")
@@ -71,6 +83,35 @@ def run(ctx, ps, p):
             "lengths": [c.n_gen_tokens for c in out]}
 
 
+def classify(model, n: int) -> int:
+    """n tickets asked for their category with `choice`, against the same prompts
+    unconstrained, each generating as many tokens as its constrained answer (ignore_eos)."""
+    ps = [[_core.ChatMessage("user", f"Ticket #{i}: {TICKETS[i % len(TICKETS)]}. "
+                             f"Which category is it: {', '.join(LABELS)}? Answer with one word.")] for i in range(n)]
+    choose = _core.GenerateParams()
+    choose.max_tokens, choose.temperature, choose.choice = 8, 0.0, LABELS
+    ctx = fastpar.Context(model, n_parallel=32, n_ctx_per_seq=256)
+    run(ctx, ps[:32], choose)  # warm-up: the grammar compiled, its sets started
+    t0 = time.perf_counter()
+    out = ctx._ctx.generate(ps, [choose], None)
+    wall = time.perf_counter() - t0
+    outside = sum(c.text not in LABELS for c in out)
+    counts = {label: sum(c.text == label for c in out) for label in LABELS}
+    matched = []
+    for c in out:
+        m = _core.GenerateParams()
+        m.max_tokens, m.temperature, m.ignore_eos = max(1, c.n_gen_tokens), 0.0, True
+        matched.append(m)
+    t0 = time.perf_counter()
+    ctx._ctx.generate(ps, matched, None)
+    wall_plain = time.perf_counter() - t0
+    print(json.dumps({"prompts": n, "slots": 32, "outside_labels": outside, "labels": counts,
+                      "errors": sum(c.finish_reason == "error" for c in out), "wall_s": round(wall, 1),
+                      "unconstrained_matched_wall_s": round(wall_plain, 1),
+                      "ratio": round(wall_plain / wall, 3)}))
+    return 0 if outside == 0 else 1
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gpu", action="store_true", help="every layer on the GPU")
@@ -86,6 +127,9 @@ def main() -> int:
     ap.add_argument("--without-sets", action="store_true",
                     help="also run constrained with the shared allowed-token sets off (as before they existed)")
     ap.add_argument("--fuzz", type=int, default=0, help="instead: this many random schemas and grammars")
+    ap.add_argument("--constraint", choices=("schema", "choice", "regex"), default="schema",
+                    help="the constraint measured: the JSON schema, its categories as choice, or REGEX")
+    ap.add_argument("--classify", type=int, default=0, help="instead: a classification job of this many prompts")
     args = ap.parse_args()
 
     if args.fuzz:
@@ -99,6 +143,8 @@ def main() -> int:
         return r.returncode
 
     model = fastpar.Model(args.model or fastpar.default_model_path(), n_gpu_layers=-1 if args.gpu else 0)
+    if args.classify:
+        return classify(model, args.classify)
     slots = [int(s) for s in (args.slots or ("256" if args.gpu else "8,32")).split(",")]
     ps = prompts(args.prompts)
     plain = _core.GenerateParams()
@@ -109,12 +155,20 @@ def main() -> int:
     for name in ("max_tokens", "temperature", "seed", "ignore_eos"):
         setattr(constrained, name, getattr(plain, name))
     constrained.ignore_eos = False  # a finished grammar allows only the end
-    constrained.json_schema = json.dumps(SCHEMA)
+    if args.constraint == "choice":
+        constrained.choice = LABELS
+    elif args.constraint == "regex":
+        constrained.regex = REGEX
+    else:
+        constrained.json_schema = json.dumps(SCHEMA)
 
-    sample = model._model.tokenize('{"category": "bug", "priority": 2, "summary": "app crashes on save", '
-                                   '"urgent": true, "tags": ["crash", "save"]}')
+    # A text the constraint accepts, fed token by token to measure a mask's cost.
+    sample = model._model.tokenize({"schema": '{"category": "bug", "priority": 2, "summary": "app crashes on save", '
+                                              '"urgent": true, "tags": ["crash", "save"]}',
+                                    "choice": "feature", "regex": "bug, priority 2: app crashes on save."}[args.constraint])
     costs = _testing.measure_grammar(model._model, constrained, sample)
-    results = {"what": "structured output: 5-field JSON schema vs the same prompts unconstrained",
+    what = {"schema": "5-field JSON schema", "choice": f"choice of {LABELS}", "regex": f"regex {REGEX}"}
+    results = {"what": f"structured output: {what[args.constraint]} vs the same prompts unconstrained",
                "machine": f"{platform.machine()}, {os.cpu_count()} cores", "gpu": args.gpu,
                "model": os.path.basename(args.model or fastpar.default_model_path()),
                "n_vocab": model._model.n_vocab, "prompts": args.prompts, "max_tokens": args.max_tokens,

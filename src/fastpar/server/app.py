@@ -468,8 +468,10 @@ def create_app(engine: Union[Engine, Callable[[], Engine]], *, model_name: Optio
         n = job.n
         pending = list(range(job.n_choices))
         # Thoughts split off as they stream, as the core splits the finished text.
-        splits = ({k: ThoughtSplit(opens_thought(vocab.apply_chat_template(req.prompts[k // n])))
-                   for k in pending} if chat and req.opts.get("reasoning") == "split" else {})
+        splits: Dict[int, ThoughtSplit] = {}
+        if chat and req.opts.get("reasoning") == "split":
+            opened = [opens_thought(vocab.apply_chat_template(messages)) for messages in req.prompts]
+            splits = {k: ThoughtSplit(opened[k // n]) for k in pending}
         cache: Dict[int, bytes] = {}
         completions: List[Optional[Completion]] = [None] * job.n_choices
         outcome = "client_disconnect"

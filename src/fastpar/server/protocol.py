@@ -272,7 +272,7 @@ def _sampling(body: Mapping, chat: bool, n_ctx_per_seq: int, limits: Limits) -> 
     given = [field for field, opt in (("response_format", "json_schema"), ("guided_choice", "choice"),
                                       ("guided_regex", "regex")) if opt in opts]
     if len(given) > 1:
-        raise _bad(given[-1], f"{' and '.join(repr(g) for g in given)} all constrain the output: give one")
+        raise _bad(given[-1], f"{' and '.join(repr(g) for g in given)} each constrain the output: give one of them")
     return opts, n, n_top
 
 
