@@ -724,6 +724,32 @@ def _records(out) -> dict:
     return by_id
 
 
+def test_batch_lines_take_the_constraints_and_token_options(model, tmp_path):
+    """fastpar run answers lines with logit_bias, allowed_token_ids, guided_regex and
+    guided_choice as the server does: no 400s, each output as asked."""
+    src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    yes, no = (model.tokenize(w, add_special=False)[0] for w in (" yes", " no"))
+    chat = [{"role": "user", "content": "Give me a number."}]
+    bodies = {"bias": ("/v1/completions", {"prompt": "Answer:", "max_tokens": 3, "logit_bias": {str(yes): 100}}),
+              "allowed": ("/v1/completions", {"prompt": "Answer:", "max_tokens": 4, "allowed_token_ids": [yes, no]}),
+              "regex": ("/v1/chat/completions", {"messages": chat, "max_tokens": 16, "guided_regex": r"\d{3}"}),
+              "choice": ("/v1/chat/completions", {"messages": chat, "max_tokens": 8, "guided_choice": ["one", "two"]})}
+    src.write_text("".join(json.dumps({"custom_id": k, "method": "POST", "url": url, "body": {"model": "m", **body}})
+                           + "\n" for k, (url, body) in bodies.items()))
+    run = subprocess.run([sys.executable, "-m", "fastpar", "run", str(src), "-o", str(out), "--model", model.path,
+                          "--n-parallel", "4", "--n-ctx-per-seq", "128", "--n-gpu-layers", str(N_GPU_LAYERS),
+                          "--quiet"], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    got = {}
+    for r in map(json.loads, out.read_text().splitlines()):
+        assert r["response"]["status_code"] == 200, r
+        choice = r["response"]["body"]["choices"][0]
+        got[r["custom_id"]] = choice["message"]["content"] if "message" in choice else choice["text"]
+    assert got["bias"] == " yes" * 3
+    assert re.fullmatch(r"( yes| no){4}", got["allowed"]), got
+    assert re.fullmatch(r"\d{3}", got["regex"]) and got["choice"] in ("one", "two"), got
+
+
 def test_batch_failed_lines_are_retried_once_fixed(model, tmp_path):
     src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     good, bad, broken = _batch_line("a"), _batch_line("b", temperature=-1), '{"custom_id": "c" "body": {}}'
