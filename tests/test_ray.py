@@ -40,6 +40,10 @@ def ray_cluster():
     ray.shutdown()
 
 
+TOOL = {"type": "function", "function": {"name": "lookup", "parameters": {
+    "type": "object", "properties": {"query": {"type": "string", "maxLength": 20}}, "required": ["query"]}}}
+
+
 def _rows():
     """200 rows: raw prompts and chat messages, mixed options, two poison rows."""
     rows = []
@@ -61,6 +65,8 @@ def _rows():
             sp["reasoning"] = "split"  # these prompts do not think: an empty reasoning column
         if i % 23 == 5:
             sp.update(json_schema=json.dumps(SCHEMA), max_tokens=16)
+        if i % 29 == 7 and "messages" in row:  # a forced call (tools as JSON text, as Arrow keeps them)
+            sp.update(tools=json.dumps([TOOL]), tool_choice="required", max_tokens=40)
         row["sampling_params"] = sp
         rows.append(row)
     rows[17] = {"id": 17, "prompt": TOO_LONG, "sampling_params": {"max_tokens": 4, "temperature": 0.0}}
@@ -119,6 +125,10 @@ def test_processor_rows_match_generate_parallel(ray_cluster, model):
             assert row["logprobs"] == pytest.approx(list(want.logprobs))
         if src["sampling_params"].get("reasoning"):
             assert row["reasoning"] == want.reasoning
+        if src["sampling_params"].get("tools"):
+            assert row["finish_reason"] == "tool_calls"
+            assert [(t["function"]["name"], t["function"]["arguments"]) for t in row["tool_calls"]] == \
+                [(t.name, t.arguments) for t in want.tool_calls]
         if "json_schema" in src["sampling_params"] and want.finish_reason == "stop":
             assert "answer" in json.loads(row["generated_text"])
 

@@ -358,7 +358,8 @@ def test_priority_field(client):
     ({"messages": [{"role": "wizard", "content": "Hi"}]}, "messages[0].role"),
     ({"response_format": {"type": "json_schema"}}, "response_format"),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "response_format"),
-    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ({"functions": [{"name": "f"}]}, "functions"),  # the legacy field; tools: test_tools.py
+    ({"tools": [{"type": "function", "function": {}}]}, "tools"),
 ])
 def test_bad_fields_are_400_naming_them(client, extra, param):
     body = {"model": "smol", "messages": CHAT, "max_tokens": 4, **extra}

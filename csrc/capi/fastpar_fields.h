@@ -86,6 +86,8 @@
     X(regex,                STRING,  1, 1, 1)                               \
     X(allowed_token_ids,    TOKENS,  1, 1, 1)                               \
     X(reasoning,            STRING,  1, 1, 1)                               \
+    X(grammar_prefill,      STRING,  0, 0, 0)                               \
+    X(tool_parser,          STRING,  0, 0, 0)                               \
     X(prompt_logprobs,      BOOL,    0, 1, 0)                               \
     X(prompt_logprobs_from, INT32,   0, 0, 0)
 

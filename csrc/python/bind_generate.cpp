@@ -211,12 +211,13 @@ void register_generate(py::module_ & m) {
         .def_readonly("t_queued_ms", &Completion::t_queued_ms)
         .def_readonly("t_first_token_ms", &Completion::t_first_token_ms)
         .def_readonly("t_total_ms", &Completion::t_total_ms)
-        .def_readonly("embedding", &Completion::embedding);
+        .def_readonly("embedding", &Completion::embedding)
+        .def_readonly("tool_calls", &Completion::tool_calls);
     def_record(completion, "Completion",
                {"finish_reason", "error", "n_prompt_tokens", "n_prompt_tokens_shared", "n_gen_tokens", "t_total_ms",
                 "text"},
                {"text", "reasoning", "token_ids", "logprobs", "top_logprobs", "prompt_token_ids", "prompt_logprobs", "prompt_greedy", "prompt_top_logprobs", "finish_reason", "error", "n_prompt_tokens", "n_prompt_tokens_shared",
-                "n_prompt_tokens_cached", "n_gen_tokens", "t_queued_ms", "t_first_token_ms", "t_total_ms", "embedding"});
+                "n_prompt_tokens_cached", "n_gen_tokens", "t_queued_ms", "t_first_token_ms", "t_total_ms", "embedding", "tool_calls"});
 
     auto stats = py::class_<Stats>(m, "Stats", "Statistics of one generate call.")
         .def_readonly("n_prompts", &Stats::n_prompts)

@@ -5,6 +5,7 @@
 #include "core/base/params.hpp"
 #include "core/model/model.hpp"
 #include "python/module.hpp"
+#include "python/records.hpp"
 
 namespace py = pybind11;
 
@@ -65,6 +66,26 @@ void register_model(py::module_ & m) {
         .def_readonly("role", &ChatMessage::role)
         .def_readonly("content", &ChatMessage::content);
 
+    // Before Model and Completion, whose signatures name them.
+    auto tool_call = py::class_<ToolCall>(m, "ToolCall", "One tool call an output made.")
+        .def_readonly("id", &ToolCall::id)
+        .def_readonly("name", &ToolCall::name)
+        .def_readonly("arguments", &ToolCall::arguments, "The arguments, a JSON object as text.");
+    def_record(tool_call, "ToolCall", {"id", "name", "arguments"}, {"id", "name", "arguments"});
+    auto render = py::class_<ChatRender>(m, "ChatRender", "A chat prompt with tools, as Model.render_chat makes it.")
+        .def_readonly("prompt", &ChatRender::prompt)
+        .def_readonly("grammar", &ChatRender::grammar)
+        .def_readonly("grammar_prefill", &ChatRender::grammar_prefill)
+        .def_readonly("stops", &ChatRender::stops)
+        .def_readonly("parser", &ChatRender::parser)
+        .def_readonly("format", &ChatRender::format);
+    def_record(render, "ChatRender", {"format", "prompt"},
+               {"prompt", "grammar", "grammar_prefill", "stops", "parser", "format"});
+    auto reply = py::class_<ChatReply>(m, "ChatReply", "A reply with tools, as parse_reply reads it.")
+        .def_readonly("content", &ChatReply::content)
+        .def_readonly("reasoning", &ChatReply::reasoning)
+        .def_readonly("tool_calls", &ChatReply::tool_calls);
+    def_record(reply, "ChatReply", {"content", "tool_calls"}, {"content", "reasoning", "tool_calls"});
     py::class_<Model, std::shared_ptr<Model>>(m, "Model", "A GGUF model loaded with llama.cpp.")
         .def(py::init<const std::string &, const ModelParams &>(), py::arg("path"), py::arg("params"),
              py::call_guard<py::gil_scoped_release>())
@@ -96,7 +117,24 @@ void register_model(py::module_ & m) {
                  }
                  return py::bytes(m.token_piece(token));
              },
-             py::arg("token"), "The bytes one token stands for (possibly part of a UTF-8 character).");
+             py::arg("token"), "The bytes one token stands for (possibly part of a UTF-8 character).")
+        .def("render_chat",
+             [](const Model & m, const std::string & messages, const std::string & tools, const std::string & tool_choice,
+                bool parallel_tool_calls) {
+                 py::gil_scoped_release release;
+                 return m.chat_templates().render(messages, tools, tool_choice, parallel_tool_calls);
+             },
+             py::arg("messages"), py::arg("tools") = "", py::arg("tool_choice") = "auto",
+             py::arg("parallel_tool_calls") = false,
+             "OpenAI messages and tools (JSON text) rendered with the model's Jinja chat template: "
+             "the prompt, and the grammar and parser of its tool calls.")
+        .def_property_readonly("native_tools", [](const Model & m) { return m.chat_templates().native_tools(); },
+                               "Whether the chat template describes tools itself (else the generic format is used).");
+
+    m.def("parse_reply", &parse_reply, py::arg("parser"), py::arg("text"), py::arg("partial") = false,
+          "The content, thought and tool calls of `text` as a ChatRender's parser reads them; with partial, "
+          "of a prefix of an output (calls not finished yet are left out). Calls get no ids.");
+    m.def("new_tool_call_id", &new_tool_call_id, "A fresh tool-call id (\"call_\" and 24 random characters).");
 }
 
 }  // namespace fastpar::python

@@ -19,7 +19,16 @@ inline pybind11::typing::Dict<pybind11::str, pybind11::object> record_dict(pybin
                                                                           const std::vector<const char *> & fields) {
     pybind11::typing::Dict<pybind11::str, pybind11::object> d;
     for (const char * f : fields) {
-        d[f] = self.attr(f);
+        pybind11::object v = self.attr(f);
+        if (pybind11::isinstance<pybind11::list>(v) && pybind11::len(v) > 0 &&
+            pybind11::hasattr(v.attr("__getitem__")(0), "to_dict")) {  // records in a list (tool calls)
+            pybind11::list plain;
+            for (pybind11::handle item : v) {
+                plain.append(item.attr("to_dict")());
+            }
+            v = plain;
+        }
+        d[f] = v;
     }
     return d;
 }

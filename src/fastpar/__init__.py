@@ -15,8 +15,8 @@ from ._context import Context, generate_parallel  # noqa: E402
 from ._embed import Embeddings, Scores, embed, rerank
 from ._model import Model
 from ._options import SamplingParams
-from ._core import (MAX_TOP_LOGPROBS, Completion, EngineClosed, EngineStats, FastparError, ModelLoadError, QueueFull,
-                    Stats)
+from ._core import (MAX_TOP_LOGPROBS, ChatReply, Completion, EngineClosed, EngineStats, FastparError, ModelLoadError,
+                    QueueFull, Stats, ToolCall, new_tool_call_id)
 from ._engine import Engine, Request
 from ._core import backend as _backend
 from ._models import default_model_path
@@ -24,6 +24,7 @@ from ._scoring import Loglikelihood, Perplexity, RollingLoglikelihood, loglikeli
 from ._version import __version__
 
 __all__ = [
+    "ChatReply",
     "Completion",
     "Context",
     "Embeddings",
@@ -42,6 +43,7 @@ __all__ = [
     "SamplingParams",
     "Scores",
     "Stats",
+    "ToolCall",
     "__version__",
     "backend",
     "default_model_path",
@@ -49,6 +51,7 @@ __all__ = [
     "generate_parallel",
     "loglikelihood",
     "loglikelihood_rolling",
+    "new_tool_call_id",
     "perplexity",
     "rerank",
     "get_include",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sized
 from typing import Any, Callable, List, Optional, Sequence, Union
 
 from . import _core
@@ -10,6 +11,7 @@ from ._model import Model
 from ._options import (_CONTEXT_DEFAULTS, SamplingParams, _context_params, _keywords_checked, _params_list,
                        _with_options)
 from ._prompts import Prompt, _prompts
+from ._tools import apply_tools
 
 __all__ = ["Context", "generate_parallel"]
 
@@ -209,7 +211,8 @@ def generate_parallel(
     are shorthand for one ``SamplingParams`` (``max_tokens``, ``temperature`` (0 =
     greedy), ``top_k``, ``top_p``, ``min_p``, ``repeat_penalty``, ``presence_penalty``,
     ``frequency_penalty``, ``repeat_last_n``, ``seed``, ``stop``, ``ignore_eos``,
-    ``logprobs``, ``top_logprobs``, ``n``, ``json_schema``, ``grammar``, ``prompt_logprobs``; defaults from the
+    ``logprobs``, ``top_logprobs``, ``n``, ``json_schema``, ``grammar``, ``prompt_logprobs``,
+    ``tools``, ``tool_choice``, ...: ``SamplingParams``' fields; defaults from the
     core's ``GenerateParams``); ``params`` and keyword options together are a
     ``TypeError``. ``seed=None`` draws one random seed per ``SamplingParams`` given: with
     one for all prompts, every prompt gets the same seed (so a prompt's output does not
@@ -235,11 +238,17 @@ def generate_parallel(
     """
     if not isinstance(ctx, Context):
         raise TypeError(f"ctx must be a fastpar.Context, got {type(ctx).__name__}")
-    converted = _prompts(prompts)
-    plist = _params_list("generate_parallel", params, generation_params, len(converted))
+    if isinstance(prompts, (str, bytes, bytearray)) or not isinstance(prompts, Sized):
+        _prompts(prompts)  # its TypeError
+    plist = _params_list("generate_parallel", params, generation_params, len(prompts))
+    if any(sp.tools is not None for sp in plist):
+        rendered, core_params = apply_tools(ctx.model._model, list(prompts), plist)
+        converted = _prompts(rendered)
+    else:
+        converted = _prompts(prompts)
+        core_params = [p._params for p in plist]
     if on_completion is not None and not callable(on_completion):
         raise TypeError("on_completion must be callable")
-    core_params = [p._params for p in plist]
     counts = [plist[0 if len(plist) == 1 else i].n for i in range(len(converted))]
     if all(n == 1 for n in counts):
         if not progress:

@@ -6,7 +6,7 @@ import collections.abc
 import numpy
 import numpy.typing
 import typing
-__all__: list[str] = ['ChatMessage', 'Completion', 'Context', 'ContextParams', 'Engine', 'EngineClosed', 'EngineStats', 'FastparError', 'GenerateParams', 'MAX_TOP_LOGPROBS', 'Model', 'ModelLoadError', 'ModelParams', 'PrefixCacheStats', 'QueueFull', 'RequestHandle', 'Stats', 'backend', 'version']
+__all__: list[str] = ['ChatMessage', 'ChatRender', 'ChatReply', 'Completion', 'Context', 'ContextParams', 'Engine', 'EngineClosed', 'EngineStats', 'FastparError', 'GenerateParams', 'MAX_TOP_LOGPROBS', 'Model', 'ModelLoadError', 'ModelParams', 'PrefixCacheStats', 'QueueFull', 'RequestHandle', 'Stats', 'ToolCall', 'backend', 'new_tool_call_id', 'parse_reply', 'version']
 class FastparError(RuntimeError):
     pass
 class ModelLoadError(FastparError):
@@ -41,6 +41,74 @@ class ChatMessage:
     @property
     def role(self) -> str:
         ...
+class ToolCall:
+    """
+    One tool call an output made.
+    """
+    def __repr__(self) -> str:
+        ...
+    def to_dict(self) -> dict[str, typing.Any]:
+        """
+        Every field as a dict of plain values (json.dumps takes it as it is).
+        """
+    @property
+    def arguments(self) -> str:
+        """
+        The arguments, a JSON object as text.
+        """
+    @property
+    def id(self) -> str:
+        ...
+    @property
+    def name(self) -> str:
+        ...
+class ChatRender:
+    """
+    A chat prompt with tools, as Model.render_chat makes it.
+    """
+    def __repr__(self) -> str:
+        ...
+    def to_dict(self) -> dict[str, typing.Any]:
+        """
+        Every field as a dict of plain values (json.dumps takes it as it is).
+        """
+    @property
+    def format(self) -> str:
+        ...
+    @property
+    def grammar(self) -> str:
+        ...
+    @property
+    def grammar_prefill(self) -> str:
+        ...
+    @property
+    def parser(self) -> str:
+        ...
+    @property
+    def prompt(self) -> str:
+        ...
+    @property
+    def stops(self) -> list[str]:
+        ...
+class ChatReply:
+    """
+    A reply with tools, as parse_reply reads it.
+    """
+    def __repr__(self) -> str:
+        ...
+    def to_dict(self) -> dict[str, typing.Any]:
+        """
+        Every field as a dict of plain values (json.dumps takes it as it is).
+        """
+    @property
+    def content(self) -> str:
+        ...
+    @property
+    def reasoning(self) -> str:
+        ...
+    @property
+    def tool_calls(self) -> list[ToolCall]:
+        ...
 class Model:
     """
     A GGUF model loaded with llama.cpp.
@@ -50,6 +118,10 @@ class Model:
     def apply_chat_template(self, messages: collections.abc.Sequence[ChatMessage]) -> str:
         """
         Messages rendered with the model's chat template, assistant turn opened.
+        """
+    def render_chat(self, messages: str, tools: str = '', tool_choice: str = 'auto', parallel_tool_calls: bool = False) -> ChatRender:
+        """
+        OpenAI messages and tools (JSON text) rendered with the model's Jinja chat template: the prompt, and the grammar and parser of its tool calls.
         """
     def rerank_prompt(self, query: str, document: str) -> list[int]:
         """
@@ -82,6 +154,11 @@ class Model:
     @property
     def n_vocab(self) -> int:
         ...
+    @property
+    def native_tools(self) -> bool:
+        """
+        Whether the chat template describes tools itself (else the generic format is used).
+        """
     @property
     def path(self) -> str:
         ...
@@ -155,12 +232,14 @@ class GenerateParams:
     Options of a generate call; defaults are fastpar's.
     """
     grammar: str
+    grammar_prefill: str
     ignore_eos: bool
     json_schema: str
     logprobs: bool
     prompt_logprobs: bool
     reasoning: str
     regex: str
+    tool_parser: str
     def __init__(self) -> None:
         ...
     def validate(self) -> None:
@@ -338,6 +417,9 @@ class Completion:
         ...
     @property
     def token_ids(self) -> list[int]:
+        ...
+    @property
+    def tool_calls(self) -> list[ToolCall]:
         ...
     @property
     def top_logprobs(self) -> list[list[tuple[int, str, float]]]:
@@ -670,6 +752,14 @@ class Engine:
 def backend() -> str:
     """
     Backend the native library was built for: 'cpu', 'cuda' or 'metal'.
+    """
+def new_tool_call_id() -> str:
+    """
+    A fresh tool-call id ("call_" and 24 random characters).
+    """
+def parse_reply(parser: str, text: str, partial: bool = False) -> ChatReply:
+    """
+    The content, thought and tool calls of `text` as a ChatRender's parser reads them; with partial, of a prefix of an output (calls not finished yet are left out). Calls get no ids.
     """
 def version() -> str:
     """

@@ -16,6 +16,7 @@ from ._model import Model
 from ._options import (_CONTEXT_DEFAULTS, SamplingParams, _bool, _context_params, _keywords_checked, _params_list,
                        _with_options)
 from ._prompts import Prompt, _prompt
+from ._tools import render_with_tools
 
 __all__ = ["Engine", "Request"]
 
@@ -70,12 +71,26 @@ class Request:
     iteration early (``break``, an exception, a Ctrl-C, or dropping the iterator) cancels
     the request; so does a Ctrl-C while ``result()`` waits."""
 
-    def __init__(self, handle: _core.RequestHandle) -> None:
+    def __init__(self, handle: _core.RequestHandle, tool_parser: str = "") -> None:
         self._handle = handle
+        self._tool_parser = tool_parser
 
     @property
     def id(self) -> int:
         return self._handle.id
+
+    def reply_so_far(self, text: str) -> _core.ChatReply:
+        """With tools: the content, thought and complete tool calls of ``text``, a prefix of
+        a sample's output (the pieces streamed so far), as its finished ``Completion`` will
+        hold them; calls get their ids there. Without tools: ``text`` as content."""
+        if not self._tool_parser:
+            raise ValueError("this request has no tools; its streamed text is its content")
+        return _core.parse_reply(self._tool_parser, text, True)
+
+    @property
+    def has_tools(self) -> bool:
+        """Whether the request was given tools (its output is read for tool calls)."""
+        return bool(self._tool_parser)
 
     @property
     def n(self) -> int:
@@ -234,10 +249,11 @@ class Engine:
         (``timeout`` counts only with ``block=True``, as in ``queue.Queue.put``). Raises
         ``fastpar.EngineClosed`` after ``close()`` or after the worker failed."""
         wait = _block_args(block, timeout)
-        prompt, core_params = _prompt(prompt, "prompt"), _request_params("Engine.submit", params, options)
+        prompt, core_params = _request(self.model, prompt, "Engine.submit", params, options)
         if not block:
-            return Request(self._engine.submit(prompt, core_params, 0.0))
-        return Request(_interruptible(lambda s: self._engine.submit(prompt, core_params, s), wait, lambda: None))
+            return Request(self._engine.submit(prompt, core_params, 0.0), core_params.tool_parser)
+        return Request(_interruptible(lambda s: self._engine.submit(prompt, core_params, s), wait, lambda: None),
+                       core_params.tool_parser)
 
     @_keywords_checked
     def submit_embedding(self, text: Prompt, *, normalize: bool = True, block: bool = False,
@@ -288,7 +304,8 @@ class Engine:
         return self._submit(prompt, "Engine.generate", params, options).result()
 
     def _submit(self, prompt: Prompt, call: str, params: Optional[SamplingParams], options: dict) -> Request:
-        return Request(self._engine.submit(_prompt(prompt, "prompt"), _request_params(call, params, options), 0.0))
+        prompt, core_params = _request(self.model, prompt, call, params, options)
+        return Request(self._engine.submit(prompt, core_params, 0.0), core_params.tool_parser)
 
     @_keywords_checked
     @_with_options
@@ -382,8 +399,12 @@ def _max_queued(value: object) -> int:
     return value
 
 
-def _request_params(call: str, params: Optional[SamplingParams], options: dict) -> _core.GenerateParams:
+def _request(model: Model, prompt: Prompt, call: str, params: Optional[SamplingParams], options: dict):
+    """The prompt and core options of one request; with tools, the prompt rendered with them."""
     if params is not None and not isinstance(params, SamplingParams):
         raise TypeError(f"params must be a fastpar.SamplingParams, got {type(params).__name__}")
     (sp,) = _params_list(call, params, options, 1)
-    return sp._params
+    if sp.tools is not None:
+        text, core = render_with_tools(model._model, prompt, sp, "prompt")
+        return _prompt(text, "prompt"), core
+    return _prompt(prompt, "prompt"), sp._params

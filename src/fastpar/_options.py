@@ -205,6 +205,13 @@ class SamplingParams:
     answers at once; None leaves the output as it is.
     ``priority``: which queued prompt takes a free slot first, the lowest value (first come
     first served among equals); a running prompt is never stopped for another.
+    ``tools``: OpenAI's list of functions (``{"type": "function", "function": {"name",
+    "description", "parameters"}}``; kept as JSON text) the model may call; the prompt must
+    be chat messages, rendered with the model's Jinja template, and ``Completion.tool_calls``
+    holds the calls (``finish_reason`` ``"tool_calls"``). ``tool_choice``: ``"auto"`` (the
+    default), ``"none"``, ``"required"`` or a function's name (or OpenAI's
+    ``{"type": "function", "function": {"name": ...}}``); required and named calls are
+    constrained by the function's parameters. ``parallel_tool_calls``: allow several calls.
     ``prompt_logprobs``: each prompt token's log-probability given the tokens before it, in
     ``Completion.prompt_logprobs`` (None for the first token; ``prompt_token_ids`` and
     ``prompt_greedy`` beside it; with ``top_logprobs`` also ``prompt_top_logprobs``).
@@ -236,6 +243,9 @@ class SamplingParams:
     allowed_token_ids: Optional[Tuple[int, ...]] = None
     reasoning: Optional[str] = None
     prompt_logprobs: bool = _default("prompt_logprobs")
+    tools: Optional[str] = None
+    tool_choice: Optional[str] = None
+    parallel_tool_calls: bool = False
 
     def __post_init__(self) -> None:
         stop = self.stop
@@ -285,12 +295,60 @@ class SamplingParams:
         given = [name for name in ("json_schema", "grammar", "choice", "regex") if getattr(self, name) is not None]
         if len(given) > 1:
             raise ValueError(f"{' and '.join(given)} were both given; a prompt takes one constraint")
+        _check_tools(self, given)
         object.__setattr__(self, "_params", _to_core(self))
 
     @classmethod
     def _from_options(cls, call: str, options: Dict[str, Any]) -> "SamplingParams":
         _check_names(call, options)
         return cls(**options)
+
+
+def _check_tools(sp: SamplingParams, constraints: List[str]) -> None:
+    """tools (OpenAI's list of functions) kept as JSON text; tool_choice "auto" (the default
+    with tools), "none", "required", or a function's name (or OpenAI's
+    {"type": "function", "function": {"name": ...}}) kept as the name."""
+    tools, choice = sp.tools, sp.tool_choice
+    if tools is not None:
+        if isinstance(tools, str):
+            try:
+                tools = json.loads(tools)
+            except ValueError as e:
+                raise ValueError(f"tools is not valid JSON: {e}") from None
+        if isinstance(tools, (bytes, Mapping)) or not isinstance(tools, Sequence):
+            raise TypeError(f"tools must be a list of {{'type': 'function', 'function': {{...}}}}, got {type(tools).__name__}")
+        for i, t in enumerate(tools):
+            fn = t.get("function") if isinstance(t, Mapping) else None
+            if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str) or not fn["name"]:
+                raise TypeError(f"tools[{i}] must be {{'type': 'function', 'function': {{'name': str, "
+                                f"'description': str, 'parameters': JSON schema}}}}")
+            if fn.get("parameters") is not None and not isinstance(fn["parameters"], Mapping):
+                raise TypeError(f"tools[{i}]'s parameters must be a JSON schema (a dict)")
+        if not tools:
+            raise ValueError("tools is empty; pass None for no tools")
+        try:
+            object.__setattr__(sp, "tools", json.dumps(list(tools)))
+        except (TypeError, ValueError) as e:
+            raise TypeError(f"tools is not JSON-serialisable: {e}") from None
+        if constraints:
+            raise ValueError(f"tools and {constraints[0]} were both given: tool calls are constrained by "
+                             "their functions' parameters")
+    if isinstance(choice, Mapping):
+        fn = choice.get("function")
+        if choice.get("type") != "function" or not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str):
+            raise TypeError("tool_choice must be 'auto', 'none', 'required' or "
+                            "{'type': 'function', 'function': {'name': ...}}")
+        choice = fn["name"]
+        object.__setattr__(sp, "tool_choice", choice)
+    if choice is not None:
+        if not isinstance(choice, str) or not choice:
+            raise TypeError(f"tool_choice must be 'auto', 'none', 'required' or a function's name, got {choice!r}")
+        if tools is None:
+            raise ValueError("tool_choice was given without tools")
+        if choice not in ("auto", "none", "required") and choice not in [t["function"]["name"] for t in tools]:
+            raise ValueError(f"tool_choice names function {choice!r}, which tools do not define")
+    if not isinstance(sp.parallel_tool_calls, bool):
+        raise TypeError(f"parallel_tool_calls must be a bool, got {type(sp.parallel_tool_calls).__name__}")
 
 
 def _logit_bias(value: object) -> Tuple[Tuple[int, float], ...]:
@@ -344,6 +402,8 @@ def _to_core(sp: SamplingParams) -> _core.GenerateParams:
         elif name in ("logit_bias", "allowed_token_ids"):
             if value is not None:
                 setattr(params, name, list(value))
+        elif name in ("tools", "tool_choice", "parallel_tool_calls"):
+            pass  # the prompt is rendered with them (_tools.py)
         else:
             _set(params, name, _CHECKS[type(getattr(_GENERATE_DEFAULTS, name))](name, value))
     params.validate()  # ranges, from the core: ValueError naming the option
@@ -355,7 +415,9 @@ def _to_core(sp: SamplingParams) -> _core.GenerateParams:
 #: json_schema take more than the field keeps).
 _KEYWORD_TYPES = {"stop": Union[None, str, Sequence[str]], "json_schema": Union[None, str, Mapping[str, Any]],
                   "choice": Optional[Sequence[str]], "logit_bias": Optional[Mapping[Union[int, str], float]],
-                  "allowed_token_ids": Optional[Iterable[int]]}
+                  "allowed_token_ids": Optional[Iterable[int]],
+                  "tools": Union[None, str, Sequence[Mapping[str, Any]]],
+                  "tool_choice": Union[None, str, Mapping[str, Any]]}
 _HINTS = typing.get_type_hints(SamplingParams)
 _OPTIONS = {field.name: (field.default, _KEYWORD_TYPES.get(field.name, _HINTS[field.name]))
             for field in dataclasses.fields(SamplingParams)}

@@ -306,6 +306,10 @@ class FastparPredictor:
             if params.reasoning == "split":
                 thoughts = [c.reasoning for c in completions]
                 out["reasoning"] = thoughts if listed else thoughts[0]
+            if params.tools is not None:  # OpenAI's message tool_calls, one list per sample
+                calls = [[{"id": t.id, "type": "function", "function": {"name": t.name, "arguments": t.arguments}}
+                          for t in c.tool_calls] for c in completions]
+                out["tool_calls"] = calls if listed else calls[0]
         out[ERROR_COLUMN] = error
         return out
 

@@ -146,6 +146,12 @@ struct GenerateParams {
     // in text, and json_schema, grammar, choice and regex constrain the answer alone; "off"
     // closes an empty thought after a chat prompt, so the model answers at once; "": as is.
     std::string reasoning;
+    // Tool calls (ChatTemplates::render, core/model/chat.hpp, gives both): the text the
+    // grammar reads before the output (the template's generation prompt, which a call
+    // format's grammar starts with), and the parser that reads the output's calls into
+    // Completion::tool_calls ("": none).
+    std::string grammar_prefill;
+    std::string tool_parser;
     // Scoring: each prompt token's log-probability given the tokens before it, in
     // Completion::prompt_logprobs. With max_tokens = 0 the prompt is scored and nothing is
     // generated (its last token is then never decoded: no logits are needed after it).

@@ -8,6 +8,7 @@ const char * finish_reason_name(FinishReason reason) {
         case FinishReason::Length: return "length";
         case FinishReason::Error: return "error";
         case FinishReason::Cancelled: return "cancelled";
+        case FinishReason::ToolCalls: return "tool_calls";
     }
     return "error";
 }

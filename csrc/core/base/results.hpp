@@ -14,9 +14,17 @@ enum class FinishReason : int32_t {
     Length = 1,     // max_tokens reached, or the sequence's context is full
     Error = 2,      // this prompt failed; see Completion::error
     Cancelled = 3,  // the call was interrupted before this prompt finished
+    ToolCalls = 4,  // stopped after tool calls (GenerateParams::tool_parser found some)
 };
 
 const char * finish_reason_name(FinishReason reason);
+
+// One tool call the output made (core/model/chat.hpp parses them).
+struct ToolCall {
+    std::string id;         // "call_" and 24 random characters, unless the model wrote one
+    std::string name;
+    std::string arguments;  // a JSON object, as text
+};
 
 struct TopLogprob {
     int32_t token = 0;
@@ -46,6 +54,9 @@ struct Completion {
     // Context::embed: the text's pooled vector (Context::embedding_size floats); empty when it
     // failed and for generation.
     std::vector<float> embedding;
+    // With GenerateParams::tool_parser: the calls the output made (text is then what it
+    // wrote besides them).
+    std::vector<ToolCall> tool_calls;
     FinishReason finish_reason = FinishReason::Error;
     std::string error;                // empty unless finish_reason == Error
     int32_t n_prompt_tokens = 0;      // prompt tokens decoded for this prompt

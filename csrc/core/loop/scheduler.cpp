@@ -8,6 +8,7 @@
 #include "core/loop/admit.hpp"
 #include "core/loop/prompt_scoring.hpp"
 #include "core/loop/slot.hpp"
+#include "core/model/chat.hpp"
 
 namespace fastpar {
 
@@ -509,6 +510,24 @@ void Scheduler::finish(Slot & s, FinishReason reason, const std::string & error)
         }
     }
     c.text = s.text.take_text();
+    if (!s.request.params->tool_parser.empty() && c.finish_reason != FinishReason::Error &&
+        c.finish_reason != FinishReason::Cancelled) {
+        // The text besides the calls: the generic format's "response", or the whole output
+        // when it holds no well-formed call.
+        ChatReply reply = parse_reply(s.request.params->tool_parser, c.text, false);
+        c.text = std::move(reply.content);
+        if (!reply.tool_calls.empty()) {
+            for (auto & call : reply.tool_calls) {
+                if (call.id.empty()) {
+                    call.id = new_tool_call_id();
+                }
+            }
+            c.tool_calls = std::move(reply.tool_calls);
+            if (c.finish_reason == FinishReason::Stop) {
+                c.finish_reason = FinishReason::ToolCalls;
+            }
+        }
+    }
     if (s.request.params->reasoning == "split") {
         c.reasoning = split_thought(c.text, s.thought_open);
     }

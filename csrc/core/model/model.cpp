@@ -102,6 +102,7 @@ Model::Model(const std::string & path, const ModelParams & params) : path_(path)
     }
     vocab_ = llama_model_get_vocab(model_);
     chat_template_ = llama_model_chat_template(model_, nullptr);
+    chat_templates_ = std::make_unique<ChatTemplates>(model_);
     output_on_gpu_ =
         llama_supports_gpu_offload() && offloads_every_layer(params.n_gpu_layers, llama_model_n_layer(model_));
     on_gpu_ = llama_supports_gpu_offload() && params.n_gpu_layers != 0;

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/base/params.hpp"
+#include "core/model/chat.hpp"
 #include "llama.h"
 
 namespace fastpar {
@@ -51,6 +52,8 @@ public:
     // `messages` rendered with the model's chat template, the assistant turn opened.
     // Throws InvalidArgument when the model has no template llama.cpp can apply.
     std::string apply_chat_template(const std::vector<ChatMessage> & messages) const;
+    // The Jinja chat template, for messages with tools (core/model/chat.hpp).
+    const ChatTemplates & chat_templates() const { return *chat_templates_; }
 
 private:
     std::string path_;
@@ -59,6 +62,7 @@ private:
     const char * chat_template_ = nullptr;
     bool output_on_gpu_ = false;
     bool on_gpu_ = false;
+    std::unique_ptr<ChatTemplates> chat_templates_;
 };
 
 // The backend this library was compiled for: "cpu", "cuda" or "metal".

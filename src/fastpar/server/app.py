@@ -42,6 +42,7 @@ from .protocol import RETRY_AFTER_S, APIError, Limits, Parsed, chunk_logprobs, f
 from .protocol import prompt_tokens, response_body, usage
 from .embeddings import answer_embeddings, vector_endpoint
 from .reasoning import ThoughtSplit, opens_thought, thinks
+from .tools import ToolStream
 from .rerank import RERANK_PATHS, answer_rerank
 
 __all__ = ["create_app"]
@@ -452,9 +453,9 @@ def create_app(engine: Union[Engine, Callable[[], Engine]], *, model_name: Optio
         vocab = engine.model
 
         def chunk(index: int, text: Optional[str], finish: Optional[str], logprobs: Any = None,
-                  role: bool = False, reasoning: str = "") -> bytes:
+                  role: bool = False, reasoning: str = "", delta: Optional[Dict[str, Any]] = None) -> bytes:
             if chat:
-                delta: Dict[str, Any] = {"role": "assistant"} if role else {}
+                delta = dict(delta or {}, **({"role": "assistant"} if role else {}))
                 if reasoning:
                     delta["reasoning_content"] = reasoning
                 if text is not None:
@@ -472,6 +473,8 @@ def create_app(engine: Union[Engine, Callable[[], Engine]], *, model_name: Optio
         if chat and req.opts.get("reasoning") == "split":
             opened = [opens_thought(vocab.apply_chat_template(messages)) for messages in req.prompts]
             splits = {k: ThoughtSplit(opened[k // n]) for k in pending}
+        # With tools, content and calls as the parser reads them from the text so far.
+        calls = {k: ToolStream(job.requests[k // n]) for k in pending} if chat and "tools" in req.opts else {}
         cache: Dict[int, bytes] = {}
         completions: List[Optional[Completion]] = [None] * job.n_choices
         outcome = "client_disconnect"
@@ -490,7 +493,10 @@ def create_app(engine: Union[Engine, Callable[[], Engine]], *, model_name: Optio
                         texts.setdefault(i * n + j, []).append(piece)
                 still = []
                 for k in pending:
-                    if k in splits:
+                    if k in calls:
+                        for delta in calls[k].feed("".join(texts.get(k, ()))):
+                            yield chunk(k, None, None, delta=delta)
+                    elif k in splits:
                         reasoning, content = splits[k].feed("".join(texts.get(k, ())), k in ended)
                         if reasoning or content:
                             yield chunk(k, content or None, None, reasoning=reasoning)
@@ -508,6 +514,8 @@ def create_app(engine: Union[Engine, Callable[[], Engine]], *, model_name: Optio
                         job.cancel()
                         yield _sse(err.body())
                         return
+                    for delta in calls[k].finish(c) if k in calls else ():
+                        yield chunk(k, None, None, delta=delta)
                     yield chunk(k, None if chat else "", c.finish_reason, chunk_logprobs(req, c, vocab, cache))
                 pending = still
                 if pending and not await job.wait(gone):

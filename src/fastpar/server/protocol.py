@@ -12,6 +12,7 @@ import fastpar
 from fastpar import Completion, SamplingParams
 
 from .reasoning import reasoning_option
+from .tools import message_calls, tool_messages, tool_options
 
 #: Most samples (``n``) one request may ask for, and most prompts in one completions call
 #: (``Limits``' defaults).
@@ -57,9 +58,9 @@ class Limits:
 
 
 #: The roles a chat message may have ("developer" is OpenAI's newer name for "system").
-ROLES = ("system", "developer", "user", "assistant")
+ROLES = ("system", "developer", "user", "assistant", "tool")
 
-FINISH = {"stop": "stop", "length": "length"}
+FINISH = {"stop": "stop", "length": "length", "tool_calls": "tool_calls"}
 
 
 class APIError(Exception):
@@ -277,7 +278,8 @@ def _sampling(body: Mapping, chat: bool, n_ctx_per_seq: int, limits: Limits) -> 
 
 
 def _param_of(message: str, default: str) -> str:
-    names = {"json_schema": "response_format", "grammar": "response_format", "choice": "guided_choice",
+    names = {"tool_choice": "tool_choice", "parallel_tool_calls": "parallel_tool_calls", "tools": "tools",
+             "json_schema": "response_format", "grammar": "response_format", "choice": "guided_choice",
              "regex": "guided_regex",
              "logit_bias": "logit_bias", "allowed_token_ids": "allowed_token_ids",
              "stop": "stop", "seed": "seed",
@@ -405,9 +407,11 @@ def parse(body: Any, chat: bool, n_ctx_per_seq: int, limits: Limits = Limits(), 
     (reasoning.py)."""
     if not isinstance(body, Mapping):
         raise APIError(400, "the request body must be a JSON object")
+    tools = None
     if chat:
-        _unsupported(body, ("tools", "functions", "audio"))
-        prompts: List[Any] = [_messages(body)]
+        _unsupported(body, ("functions", "audio"))
+        tools = tool_options(body, _bad)
+        prompts: List[Any] = [tool_messages(body, _content, _bad) if tools else _messages(body)]
     else:
         _unsupported(body, ("suffix",))
         prompts = _prompts(body, limits)
@@ -422,6 +426,8 @@ def parse(body: Any, chat: bool, n_ctx_per_seq: int, limits: Limits = Limits(), 
         reasoning = reasoning_option(body, thinks, _bad)
         if reasoning is not None:
             opts["reasoning"] = reasoning
+        if tools:
+            opts.update(tools)
     if echo and n_top >= 0:
         opts["prompt_logprobs"] = True  # the prompt's tokens get log-probabilities too
     model = body.get("model") if isinstance(body.get("model"), str) else None
@@ -461,6 +467,9 @@ def response_body(req: Parsed, rid: str, created: int, model: str, completions: 
             message = {"role": "assistant", "content": c.text, "refusal": None}
             if c.reasoning:
                 message["reasoning_content"] = c.reasoning
+            if c.tool_calls:
+                message["tool_calls"] = message_calls(c)
+                message["content"] = c.text or None
             choices.append({"index": k, "message": message,
                             "logprobs": _chat_logprobs(vocab, c, req.n_top, cache) if req.n_top >= 0 else None,
                             "finish_reason": FINISH[c.finish_reason]})
