@@ -21,11 +21,14 @@ over mean-length tokens/s). Also what the constraint costs alone
     python bench/bench_structured.py [--out bench/results/cpu-x86_64-2core-structured.json]
     python bench/bench_structured.py --gpu --model SPEED_MODEL.gguf --slots 256 --prompts 1024
     python bench/bench_structured.py --fuzz 1000     # random schemas and grammars, one process
-    python bench/bench_structured.py --constraint choice    # or regex: the same prompts and ratios
+    python bench/bench_structured.py --constraint choice    # or regex, tools: the same prompts and ratios
     python bench/bench_structured.py --classify 10000       # a classification job with choice
 
 --constraint choice asks for one of the schema's categories, --constraint regex for a
-"category, priority N: summary." line (REGEX), on the same prompts, measured as above.
+"category, priority N: summary." line (REGEX), --constraint tools for a forced call of a
+function whose parameters are the schema (tool_choice "required"; the default model's
+template has no tools, so the generic format: a system message lists the function, and
+both sides of each ratio get that rendered prompt), on the same tickets, measured as above.
 --classify N: N tickets asked for their category, greedy with `choice` on 32 slots, against
 the same prompts unconstrained generating as many tokens each (ignore_eos); prints the wall
 times, their ratio and how many outputs are outside the labels (must be 0).
@@ -127,8 +130,9 @@ def main() -> int:
     ap.add_argument("--without-sets", action="store_true",
                     help="also run constrained with the shared allowed-token sets off (as before they existed)")
     ap.add_argument("--fuzz", type=int, default=0, help="instead: this many random schemas and grammars")
-    ap.add_argument("--constraint", choices=("schema", "choice", "regex"), default="schema",
-                    help="the constraint measured: the JSON schema, its categories as choice, or REGEX")
+    ap.add_argument("--constraint", choices=("schema", "choice", "regex", "tools"), default="schema",
+                    help="the constraint measured: the JSON schema, its categories as choice, REGEX, or a "
+                         "forced tool call with the schema as parameters")
     ap.add_argument("--classify", type=int, default=0, help="instead: a classification job of this many prompts")
     args = ap.parse_args()
 
@@ -159,15 +163,27 @@ def main() -> int:
         constrained.choice = LABELS
     elif args.constraint == "regex":
         constrained.regex = REGEX
+    elif args.constraint == "tools":
+        tool = {"type": "function", "function": {"name": "file_ticket", "description": "File a support ticket",
+                                                 "parameters": SCHEMA}}
+        rendered = [model._model.render_chat(json.dumps([{"role": "user", "content": ticket_text(i)}]),
+                                              json.dumps([tool]), "required", False) for i in range(args.prompts)]
+        ps = [r.prompt for r in rendered]  # the tools' system message for both sides of a ratio
+        constrained.grammar, constrained.grammar_prefill = rendered[0].grammar, rendered[0].grammar_prefill
+        constrained.tool_parser = rendered[0].parser
     else:
         constrained.json_schema = json.dumps(SCHEMA)
 
     # A text the constraint accepts, fed token by token to measure a mask's cost.
     sample = model._model.tokenize({"schema": '{"category": "bug", "priority": 2, "summary": "app crashes on save", '
                                               '"urgent": true, "tags": ["crash", "save"]}',
-                                    "choice": "feature", "regex": "bug, priority 2: app crashes on save."}[args.constraint])
+                                    "choice": "feature", "regex": "bug, priority 2: app crashes on save.",
+                                    "tools": '{"tool_call": {"name": "file_ticket", "arguments": {"category": "bug", '
+                                             '"priority": 2, "summary": "app crashes on save", "urgent": true, '
+                                             '"tags": ["crash", "save"]}}}'}[args.constraint])
     costs = _testing.measure_grammar(model._model, constrained, sample)
-    what = {"schema": "5-field JSON schema", "choice": f"choice of {LABELS}", "regex": f"regex {REGEX}"}
+    what = {"schema": "5-field JSON schema", "choice": f"choice of {LABELS}", "regex": f"regex {REGEX}",
+            "tools": "a forced tool call (generic format) with the 5-field schema as parameters"}
     results = {"what": f"structured output: {what[args.constraint]} vs the same prompts unconstrained",
                "machine": f"{platform.machine()}, {os.cpu_count()} cores", "gpu": args.gpu,
                "model": os.path.basename(args.model or fastpar.default_model_path()),

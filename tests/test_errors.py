@@ -205,6 +205,7 @@ def test_huge_context_and_model_options_are_value_errors(model):
 
 # Result records and requests (built by fastpar, never by users) and exceptions keep Python's own errors.
 _RESULTS = {"Completion", "Stats", "EngineStats", "Loglikelihood", "RollingLoglikelihood", "Perplexity", "Request",
+            "ToolCall", "ChatReply",
             "EngineClosed", "FastparError", "ModelLoadError", "QueueFull"}
 
 

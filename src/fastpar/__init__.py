@@ -16,8 +16,9 @@ from ._embed import Embeddings, Scores, embed, rerank
 from ._model import Model
 from ._options import SamplingParams
 from ._core import (MAX_TOP_LOGPROBS, ChatReply, Completion, EngineClosed, EngineStats, FastparError, ModelLoadError,
-                    QueueFull, Stats, ToolCall, new_tool_call_id)
+                    QueueFull, Stats, ToolCall)
 from ._engine import Engine, Request
+from ._tools import new_tool_call_id
 from ._core import backend as _backend
 from ._models import default_model_path
 from ._scoring import Loglikelihood, Perplexity, RollingLoglikelihood, loglikelihood, loglikelihood_rolling, perplexity

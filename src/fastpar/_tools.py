@@ -11,7 +11,12 @@ from typing import List, Tuple
 from . import _core
 from ._options import SamplingParams, _to_core
 
-__all__ = ["render_with_tools"]
+__all__ = ["new_tool_call_id", "render_with_tools"]
+
+
+def new_tool_call_id() -> str:
+    """A fresh tool-call id (``"call_"`` and 24 random characters), as ``Completion.tool_calls`` get."""
+    return _core.new_tool_call_id()
 
 
 def _messages_json(prompt: object, where: str) -> str:
