@@ -82,7 +82,8 @@ class Request:
     def reply_so_far(self, text: str) -> _core.ChatReply:
         """With tools: the content, thought and complete tool calls of ``text``, a prefix of
         a sample's output (the pieces streamed so far), as its finished ``Completion`` will
-        hold them; calls get their ids there. Without tools: ``text`` as content."""
+        hold them; calls get their ids there. A request without tools raises ``ValueError``
+        (its streamed text is its content)."""
         if not self._tool_parser:
             raise ValueError("this request has no tools; its streamed text is its content")
         return _core.parse_reply(self._tool_parser, text, True)

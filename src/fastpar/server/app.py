@@ -237,8 +237,8 @@ class _Job:
     """The engine requests of one HTTP request: one per prompt, holding its n samples.
     Choice k of the response is sample k % n of prompt k // n."""
 
-    def __init__(self, engine: Engine, req: Parsed) -> None:
-        self.wakeup = _Wakeup(asyncio.get_running_loop())
+    def __init__(self, engine: Engine, req: Parsed, wakeup: "_Wakeup") -> None:
+        self.wakeup = wakeup
         self.requests: List[Request] = []
         self.n = req.n
         params = req.sampling_params()
@@ -380,7 +380,10 @@ def create_app(engine: Union[Engine, Callable[[], Engine]], *, model_name: Optio
                     free = engine.n_parallel - s.n_active
                     if s.n_queued + len(req.prompts) * req.n - max(free, 0) > max_queued:
                         raise _queue_full()
-                job = _Job(engine, req)
+                # A prompt with tools is rendered by its Jinja template (milliseconds): off the loop.
+                wakeup = _Wakeup(asyncio.get_running_loop())
+                job = await asyncio.to_thread(_Job, engine, req, wakeup) if "tools" in req.opts else \
+                    _Job(engine, req, wakeup)
                 state.jobs.add(job)
             except APIError as e:
                 outcome = {400: "bad_request", 401: "unauthorized", 429: "queue_full"}.get(e.status, "error")
