@@ -143,12 +143,16 @@ ChatTemplates::ChatTemplates(const llama_model * model)
 
 ChatTemplates::~ChatTemplates() = default;
 
-bool ChatTemplates::native_tools() const {
-    std::lock_guard<std::mutex> lock(mutex_);
+const common_chat_templates * ChatTemplates::parsed() const {
     if (!templates_) {
         templates_.reset(common_chat_templates_init(model_, "").release());
     }
-    const auto caps = common_chat_templates_get_caps(templates_.get());
+    return templates_.get();
+}
+
+bool ChatTemplates::native_tools() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto caps = common_chat_templates_get_caps(parsed());
     const auto it = caps.find("supports_tools");
     return it != caps.end() && it->second;
 }
@@ -204,10 +208,7 @@ ChatRender ChatTemplates::render(const std::string & messages, const std::string
             in.tool_choice = required ? COMMON_CHAT_TOOL_CHOICE_REQUIRED : COMMON_CHAT_TOOL_CHOICE_AUTO;
         }
         std::lock_guard<std::mutex> lock(mutex_);
-        if (!templates_) {
-            templates_.reset(common_chat_templates_init(model_, "").release());
-        }
-        common_chat_params p = common_chat_templates_apply(templates_.get(), in);
+        common_chat_params p = common_chat_templates_apply(parsed(), in);
         out.prompt = std::move(p.prompt);
         out.stops = std::move(p.additional_stops);
         ordered_json parser = {{"kind", "native"},

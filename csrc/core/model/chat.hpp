@@ -52,6 +52,9 @@ public:
     bool native_tools() const;
 
 private:
+    // The templates, parsed on first use; the caller holds mutex_.
+    const common_chat_templates * parsed() const;
+
     const llama_model * model_;
     mutable std::mutex mutex_;
     mutable std::unique_ptr<common_chat_templates, void (*)(common_chat_templates *)> templates_;  // parsed on first use
