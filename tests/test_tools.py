@@ -105,6 +105,21 @@ def test_required_calls_over_100_random_schemas_always_validate(ctx):
         jsonschema.validate(json.loads(call.arguments), fn["parameters"])
 
 
+def test_a_forced_call_does_not_depend_on_its_batch_mates(model):
+    """Four copies of one forced call, seeded alike: the grammar's allowed sets, which the
+    first copy to reach a state computes and the others read, choose what masking would, so
+    the copies are identical. share_prefixes=False: a copied prefix of 64 tokens or more
+    rounds apart from a decoded one (docs/internals.md, "Prefix sharing"). On a GPU rows of
+    one batch can round apart too, so there the calls are only checked to be calls."""
+    ctx = fastpar.Context(model, n_parallel=4, n_ctx_per_seq=1024, share_prefixes=False)
+    for temperature in (0.0, 0.9):
+        out = fastpar.generate_parallel(ctx, [QUESTION] * 4, tools=[WEATHER], tool_choice="required",
+                                        max_tokens=64, temperature=temperature, seed=181)
+        assert all(c.finish_reason == "tool_calls" and c.tool_calls[0].name == "get_weather" for c in out)
+        if not ON_GPU:
+            assert all(c.token_ids == out[0].token_ids for c in out), [len(c.token_ids) for c in out]
+
+
 def test_parallel_calls_and_a_later_turn_with_the_results(ctx):
     [c] = fastpar.generate_parallel(ctx, [QUESTION], tools=[WEATHER, TIME], tool_choice="required",
                                     parallel_tool_calls=True, max_tokens=128, temperature=0)
