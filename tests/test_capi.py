@@ -90,6 +90,14 @@ def test_c_generate_per_prompt_params_samples_and_chat(tmp_path_factory, model):
     assert n_shared == [c.n_prompt_tokens_shared for c in flat[3:]]
     assert (max(n_shared) if ON_GPU else min(n_shared)) > 0
     assert any(ln.startswith("capi-gen: interrupted after 4 polls") for ln in lines)
+    # Tools: C's forced call is Python's (same context shape, one prompt).
+    weather = {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+    [call] = fastpar.generate_parallel(fastpar.Context(model, n_parallel=2, n_ctx_per_seq=1024),
+                                       [[{"role": "user", "content": "What is the weather in Paris?"}]],
+                                       tools=[weather], tool_choice="required", max_tokens=64, temperature=0.0)
+    [tool] = call.tool_calls
+    assert f"capi-gen: tool {tool.name} {tool.arguments}" in lines
 
 
 def test_c_abi_survives_nulls_bad_sizes_freed_handles_and_malformed_files(model, tmp_path):

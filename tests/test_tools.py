@@ -139,7 +139,7 @@ def test_bad_tools_are_refused_before_any_work(ctx):
         fastpar.SamplingParams(tool_choice="required")
     with pytest.raises(TypeError, match=r"tools\[0\]"):
         fastpar.SamplingParams(tools=[{"type": "function"}])
-    with pytest.raises(ValueError, match="tools and json_schema"):
+    with pytest.raises(ValueError, match="tools cannot be combined with json_schema"):
         fastpar.SamplingParams(tools=[WEATHER], json_schema={"type": "object"})
     with pytest.raises(TypeError, match="list of chat messages"):
         fastpar.generate_parallel(ctx, ["plain text"], tools=[WEATHER])

@@ -54,6 +54,7 @@ typedef enum fastpar_finish_reason {
     FASTPAR_FINISH_LENGTH = 1,    /* max_tokens reached, or the sequence's context is full */
     FASTPAR_FINISH_ERROR = 2,     /* this prompt failed; see fastpar_completion.error */
     FASTPAR_FINISH_CANCELLED = 3, /* the call was interrupted before this prompt finished */
+    FASTPAR_FINISH_TOOL_CALLS = 4, /* the output made tool calls (fastpar_completion.tool_calls) */
 } fastpar_finish_reason;
 
 /* Field meanings and defaults: see fastpar_*_default_params() (one source of truth). */
@@ -139,12 +140,32 @@ typedef struct fastpar_generate_params {
     const char * reasoning;    /* "split": a <think> thought goes to fastpar_completion.reasoning,
                                   constraints apply to the answer after it; "off": a chat
                                   prompt's thought is closed empty; NULL: the output as is */
+    const char * tools;        /* OpenAI's tools as JSON text (an array of functions, each with
+                                  type "function" and a function object holding name,
+                                  description and parameters), or NULL: chat
+                                  prompts are rendered with them by the model's template, and
+                                  the calls the output makes come back in
+                                  fastpar_completion.tool_calls (finish reason TOOL_CALLS);
+                                  not with json_schema, grammar, choice or regex */
+    const char * tool_choice;  /* "auto" (NULL), "none", "required" or a function's name: the
+                                  last two constrain the output to a call */
+    bool parallel_tool_calls;  /* allow several calls in one output */
 } fastpar_generate_params;
+
+/* One tool call: an output's (owned by the results) or an earlier assistant turn's. */
+typedef struct fastpar_tool_call {
+    const char * id;
+    const char * name;
+    const char * arguments; /* a JSON object, as text */
+} fastpar_tool_call;
 
 /* One chat message; a prompt of messages is rendered with the model's own chat template. */
 typedef struct fastpar_message {
-    const char * role;    /* "system", "user", "assistant", ... */
-    const char * content;
+    const char * role;    /* "system", "user", "assistant", "tool", ... */
+    const char * content; /* NULL only for an assistant's message with tool calls */
+    const fastpar_tool_call * tool_calls; /* an assistant's n_tool_calls calls, or NULL */
+    int32_t n_tool_calls;
+    const char * tool_call_id; /* role "tool": the id of the call this result answers, or NULL */
 } fastpar_message;
 
 /* One prompt for fastpar_generate: raw text, or chat messages (text NULL). */
@@ -174,6 +195,9 @@ typedef struct fastpar_completion {
     int32_t n_embedding;
     char * reasoning;           /* reasoning "split": the thought (NUL-terminated UTF-8; text is then
                                    the answer after it), or NULL when there was none */
+    fastpar_tool_call * tool_calls; /* with tools: the n_tool_calls calls the output made (text is
+                                       then what it wrote besides them), or NULL */
+    int32_t n_tool_calls;
 } fastpar_completion;
 
 typedef struct fastpar_stats {
@@ -202,7 +226,8 @@ FASTPAR_API const char * fastpar_backend(void);
 /* The message of the last failed call on this thread ("" if none). Valid until the next
  * fastpar call on this thread. */
 FASTPAR_API const char * fastpar_last_error(void);
-/* "stop", "length", "error" or "cancelled" (the names Python uses); "unknown" otherwise. */
+/* "stop", "length", "error", "cancelled" or "tool_calls" (the names Python uses); "unknown"
+ * otherwise. */
 FASTPAR_API const char * fastpar_finish_reason_name(fastpar_finish_reason reason);
 
 FASTPAR_API fastpar_model_params fastpar_model_default_params(void);

@@ -53,6 +53,13 @@ void free_results(fastpar_completion * results, int32_t n_results) {
         std::free(results[i].top_logprob_values);
         std::free(results[i].embedding);
         std::free(results[i].reasoning);
+        for (int32_t j = 0; j < results[i].n_tool_calls; ++j) {
+            const fastpar_tool_call & t = results[i].tool_calls[j];
+            std::free(const_cast<char *>(t.id));
+            std::free(const_cast<char *>(t.name));
+            std::free(const_cast<char *>(t.arguments));
+        }
+        std::free(results[i].tool_calls);
     }
     std::free(results);
 }
@@ -199,10 +206,25 @@ fastpar::Prompt to_core(const fastpar_prompt & p, int32_t i) {
     out.is_chat = true;
     for (int32_t j = 0; j < p.n_messages; ++j) {
         const fastpar_message & m = p.messages[j];
-        if (m.role == nullptr || m.content == nullptr) {
-            throw std::invalid_argument(where + ".messages[" + std::to_string(j) + "] has a NULL role or content");
+        const std::string at = where + ".messages[" + std::to_string(j) + "]";
+        if (m.n_tool_calls < 0 || (m.n_tool_calls > 0 && m.tool_calls == nullptr)) {
+            throw std::invalid_argument(at + ".tool_calls must point to n_tool_calls calls (n_tool_calls >= 0)");
         }
-        out.messages.push_back(fastpar::ChatMessage{m.role, m.content});
+        if (m.role == nullptr || (m.content == nullptr && m.n_tool_calls == 0)) {
+            throw std::invalid_argument(at + " has a NULL role, or a NULL content and no tool calls");
+        }
+        fastpar::ChatMessage message{m.role, m.content != nullptr ? m.content : "", {}, {}};
+        for (int32_t k = 0; k < m.n_tool_calls; ++k) {
+            const fastpar_tool_call & t = m.tool_calls[k];
+            if (t.name == nullptr || t.arguments == nullptr) {
+                throw std::invalid_argument(at + ".tool_calls[" + std::to_string(k) + "] has a NULL name or arguments");
+            }
+            message.tool_calls.push_back(fastpar::ToolCall{t.id != nullptr ? t.id : "", t.name, t.arguments});
+        }
+        if (m.tool_call_id != nullptr) {
+            message.tool_call_id = m.tool_call_id;
+        }
+        out.messages.push_back(std::move(message));
     }
     return out;
 }
@@ -258,6 +280,18 @@ fastpar_completion * to_c(const std::vector<fastpar::Completion> & out) {
             r.n_prompt_tokens = c.n_prompt_tokens;
             r.n_prompt_tokens_shared = c.n_prompt_tokens_shared;
             r.n_prompt_tokens_cached = c.n_prompt_tokens_cached;
+            if (!c.tool_calls.empty()) {
+                r.tool_calls = static_cast<fastpar_tool_call *>(std::calloc(c.tool_calls.size(), sizeof(fastpar_tool_call)));
+                if (r.tool_calls == nullptr) {
+                    throw std::bad_alloc();
+                }
+                for (const fastpar::ToolCall & t : c.tool_calls) {  // counted as filled, so a failure frees them
+                    fastpar_tool_call & out_call = r.tool_calls[r.n_tool_calls++];
+                    out_call.id = dup_string(t.id);
+                    out_call.name = dup_string(t.name);
+                    out_call.arguments = dup_string(t.arguments);
+                }
+            }
             r.finish_reason = static_cast<fastpar_finish_reason>(c.finish_reason);
             r.error = c.finish_reason == fastpar::FinishReason::Error ? dup_string(c.error) : nullptr;
         }
@@ -301,6 +335,7 @@ const char * fastpar_finish_reason_name(fastpar_finish_reason reason) {
         case FASTPAR_FINISH_LENGTH:
         case FASTPAR_FINISH_ERROR:
         case FASTPAR_FINISH_CANCELLED:
+        case FASTPAR_FINISH_TOOL_CALLS:
             return fastpar::finish_reason_name(static_cast<fastpar::FinishReason>(reason));
     }
     return "unknown";

@@ -86,6 +86,9 @@
     X(regex,                STRING,  1, 1, 1)                               \
     X(allowed_token_ids,    TOKENS,  1, 1, 1)                               \
     X(reasoning,            STRING,  1, 1, 1)                               \
+    X(tools,                STRING,  1, 1, 1)                               \
+    X(tool_choice,          STRING,  1, 1, 1)                               \
+    X(parallel_tool_calls,  BOOL,    1, 1, 1)                               \
     X(grammar_prefill,      STRING,  0, 0, 0)                               \
     X(tool_parser,          STRING,  0, 0, 0)                               \
     X(prompt_logprobs,      BOOL,    0, 1, 0)                               \

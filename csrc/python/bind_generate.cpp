@@ -175,6 +175,16 @@ void register_generate(py::module_ & m) {
                     "Raises ValueError naming the first option out of range.");
     }
     m.attr("MAX_TOP_LOGPROBS") = kMaxTopLogprobs;
+    m.def("render_tools",
+          [](const Model & model, const std::string & messages, const GenerateParams & params) {
+              py::gil_scoped_release release;
+              std::string prompt;
+              GenerateParams out = render_tools(model, messages, params, prompt);
+              return std::make_tuple(std::move(prompt), std::move(out));
+          },
+          py::arg("model"), py::arg("messages"), py::arg("params"),
+          "OpenAI messages (JSON text) rendered with params' tools by the model's template: the prompt "
+          "text, and the params to generate it with (the calls' grammar, parser and stops; tools cleared).");
 
     auto completion = py::class_<Completion>(m, "Completion", "The answer to one prompt.")
         .def_readonly("text", &Completion::text)

@@ -12,7 +12,9 @@
 #' @param prompts A character vector of raw-text prompts, or a list whose entries are each
 #'   one string or one chat: a list of messages `list(role = , content = )`, or a
 #'   data.frame with columns `role` and `content`. A chat is rendered with the model's own
-#'   chat template.
+#'   chat template. With `tools`, an assistant's message may hold the calls it made
+#'   (`tool_calls`: a data.frame as the `tool_calls` column gives them; no `content` needed)
+#'   and a `"tool"` message the `tool_call_id` of the call it answers.
 #' @param max_tokens Most new tokens.
 #' @param temperature `0` for greedy decoding.
 #' @param top_k,top_p,min_p Sampling cut-offs (`0`, `1` and `0` turn them off).
@@ -38,7 +40,12 @@
 #'   ids generated: a vector, or a list with one per prompt; the output ends early only if an
 #'   end-of-generation token is among them), `reasoning` (`"split"`: a thinking model's
 #'   `<think>` thought goes to a `reasoning` column and `text` is the answer after it, which
-#'   the constraints apply to; `"off"`: a chat prompt's thought is closed empty), `priority` (which queued prompt takes a free slot first:
+#'   the constraints apply to; `"off"`: a chat prompt's thought is closed empty), `tools`
+#'   (OpenAI's list of functions as JSON text, for chat prompts: the model's template renders
+#'   them, and the calls an output makes come back in a `tool_calls` column with
+#'   `finish_reason` `"tool_calls"`; not with the constraints above), `tool_choice` (`"auto"`,
+#'   the default, `"none"`, `"required"` or a function's name: the last two force a call),
+#'   `parallel_tool_calls` (`TRUE` allows several calls), `priority` (which queued prompt takes a free slot first:
 #'   the lowest value, first come first served among equals), `logprobs` (`TRUE` adds a list column `logprobs`, the log-probability
 #'   of every generated token), `top_logprobs` (`k` from 1 to 20 adds a list column
 #'   `top_logprobs`: for each row a list of two matrices with a row per generated token and
@@ -49,13 +56,16 @@
 #'   \describe{
 #'   \item{text}{the generated text (UTF-8)}
 #'   \item{finish_reason}{`"stop"` (end of generation or a stop string), `"length"`
-#'     (`max_tokens` reached or the context full), `"error"` (this prompt failed)}
+#'     (`max_tokens` reached or the context full), `"tool_calls"` (the output made tool
+#'     calls), `"error"` (this prompt failed)}
 #'   \item{error}{why the prompt failed, `NA` unless `finish_reason` is `"error"`}
 #'   \item{n_prompt_tokens}{prompt tokens decoded for this prompt}
 #'   \item{n_prompt_tokens_shared}{prompt tokens copied from another prompt's cache}
 #'   \item{n_prompt_tokens_cached}{prompt tokens an earlier prompt left in the prefix cache}
 #'   \item{n_gen_tokens}{tokens generated}
 #'   \item{token_ids}{a list column: the generated token ids}
+#'   \item{tool_calls}{with `tools`: a list column, for each row a data.frame of the calls
+#'     its output made (columns `id`, `name`, `arguments`, the last a JSON object as text)}
 #'   }
 #'   and the call's statistics as `attr(res, "stats")` (see [fastpar_last_stats()]).
 #'
@@ -114,6 +124,7 @@ generate_parallel <- function(ctx, prompts, max_tokens = NULL, temperature = NUL
   if (is.null(n)) cols$prompt_index <- cols$sample_index <- NULL
   if (is.null(cols$logprobs)) cols$logprobs <- NULL
   if (is.null(cols$reasoning)) cols$reasoning <- NULL
+  if (is.null(cols$tool_calls)) cols$tool_calls <- NULL
   if (is.null(cols$top_logprobs)) cols$top_logprobs <- NULL
   res <- structure(cols, class = "data.frame", row.names = seq_along(cols$text))
   attr(res, "stats") <- out$stats
@@ -127,7 +138,9 @@ generate_parallel <- function(ctx, prompts, max_tokens = NULL, temperature = NUL
   model = character(),
   context = c("n_batch", "device_sampling", "warmup", "kv_unified", "share_prefixes", "type_k", "type_v",
               "prefix_cache_mib", "prefix_cache_dir", "embeddings", "pooling"),
-  generate = c("grammar", "choice", "logit_bias", "allowed_token_ids", "priority", "regex", "reasoning", "logprobs", "top_logprobs", "presence_penalty", "frequency_penalty", "repeat_last_n")
+  generate = c("grammar", "choice", "logit_bias", "allowed_token_ids", "priority", "regex", "reasoning", "tools",
+               "tool_choice", "parallel_tool_calls", "logprobs", "top_logprobs", "presence_penalty",
+               "frequency_penalty", "repeat_last_n")
 )
 
 .options <- function(what) {
@@ -167,16 +180,31 @@ generate_parallel <- function(ctx, prompts, max_tokens = NULL, temperature = NUL
       if (!is.null(names(p)) && all(c("role", "content") %in% names(p))) {
         bad(sprintf("prompt %d is one message; a chat is a list of messages: list(list(role = , content = ))", i))
       }
-      ok <- vapply(p, function(m) is.list(m) && all(c("role", "content") %in% names(m)), TRUE)
+      ok <- vapply(p, function(m) is.list(m) && "role" %in% names(m) &&
+                     ("content" %in% names(m) || !is.null(m$tool_calls)), TRUE)
       if (!all(ok)) bad(sprintf("prompt %d: every message of a chat is list(role = , content = )", i))
-      roles <- lapply(p, `[[`, "role")
-      contents <- lapply(p, `[[`, "content")
       one <- function(x) is.character(x) && length(x) == 1
+      roles <- lapply(p, `[[`, "role")
+      # An assistant's message with tool_calls may have no content (NA).
+      contents <- lapply(p, function(m) if (is.null(m$content) && !is.null(m$tool_calls)) NA_character_ else m$content)
       if (!all(vapply(roles, one, TRUE)) || !all(vapply(contents, one, TRUE))) {
         bad(sprintf("prompt %d: a message's role and content are single strings", i))
       }
+      calls <- lapply(seq_along(p), function(j) .message_calls(p[[j]]$tool_calls, i, j, bad))
+      ids <- vapply(p, function(m) {
+        if (is.null(m$tool_call_id)) return(NA_character_)
+        if (!one(m$tool_call_id) || is.na(m$tool_call_id)) bad(sprintf("prompt %d: a tool_call_id is one string", i))
+        m$tool_call_id
+      }, "")
       roles <- unlist(roles)
       contents <- unlist(contents)
+      if (anyNA(contents[vapply(calls, is.null, TRUE)])) {
+        bad(sprintf("chat %d: a message without tool_calls has no content", i))
+      }
+      if (any(!vapply(calls, is.null, TRUE)) || !all(is.na(ids))) {
+        if (anyNA(roles)) bad(sprintf("chat %d: roles are strings, not NA", i))
+        return(list(roles, contents, ids, calls))
+      }
     } else {
       bad(sprintf("prompt %d is %s", i, if (is.character(p)) "not one string" else paste("a", class(p)[1])))
     }
@@ -185,6 +213,18 @@ generate_parallel <- function(ctx, prompts, max_tokens = NULL, temperature = NUL
     }
     list(roles, contents)
   })
+}
+
+# An earlier assistant turn's tool calls (a data.frame with columns id, name and arguments,
+# as the tool_calls column gives them), as three character vectors; NULL for none.
+.message_calls <- function(calls, i, j, bad) {
+  if (is.null(calls)) return(NULL)
+  if (!is.data.frame(calls) || !all(c("id", "name", "arguments") %in% names(calls)) ||
+      !all(vapply(calls[c("id", "name", "arguments")], is.character, TRUE)) ||
+      anyNA(calls$name) || anyNA(calls$arguments)) {
+    bad(sprintf("prompt %d, message %d: tool_calls is a data.frame with character columns id, name and arguments", i, j))
+  }
+  list(calls$id, calls$name, calls$arguments)
 }
 
 # The R type an option is checked as: from its default, or text for one without (json_schema,

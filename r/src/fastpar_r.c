@@ -399,8 +399,8 @@ static SEXP top_logprobs_entry(const fastpar_completion * c) {
     return entry;
 }
 
-/* prompts: a list, each entry one string (raw text) or list(role = <chr>, content = <chr>)
- * (chat messages). opts: generation options by name, each of length 1 or length(prompts),
+/* prompts: a list, each entry one string (raw text) or a chat (r_prompts, fastpar_r_chat.c
+ * reads them). opts: generation options by name, each of length 1 or length(prompts),
  * of its kind's R type (fastpar_fields.h: stop a list of character vectors, json_schema and
  * grammar character with NA for none). per_prompt: TRUE to pass one params struct per
  * prompt, FALSE for one struct for all (a random seed is then drawn once, as in Python).
@@ -415,24 +415,7 @@ static SEXP fastpar_r_generate(SEXP ctx_ptr, SEXP prompts, SEXP opts, SEXP per_p
     const int n_params = Rf_asLogical(per_prompt) == TRUE ? (int) n_prompts : 1;
 
     /* R-owned memory (R_alloc) for the arrays: released by R even on an error. */
-    fastpar_prompt * in = (fastpar_prompt *) R_alloc((size_t) n_prompts + 1, sizeof(fastpar_prompt));
-    for (R_xlen_t i = 0; i < n_prompts; ++i) {
-        SEXP p = VECTOR_ELT(prompts, i);
-        memset(&in[i], 0, sizeof in[i]);
-        if (TYPEOF(p) == STRSXP) {
-            in[i].text = Rf_translateCharUTF8(STRING_ELT(p, 0));
-        } else {
-            SEXP roles = VECTOR_ELT(p, 0), contents = VECTOR_ELT(p, 1);
-            const int n_messages = Rf_length(roles);
-            fastpar_message * messages = (fastpar_message *) R_alloc((size_t) n_messages + 1, sizeof(fastpar_message));
-            for (int j = 0; j < n_messages; ++j) {
-                messages[j].role = Rf_translateCharUTF8(STRING_ELT(roles, j));
-                messages[j].content = Rf_translateCharUTF8(STRING_ELT(contents, j));
-            }
-            in[i].messages = messages;
-            in[i].n_messages = n_messages;
-        }
-    }
+    fastpar_prompt * in = r_prompts(prompts);
 
     SEXP given[N_FIELDS(generate_fields)]; /* each option's values, R_NilValue if not given */
     for (size_t k = 0; k < N_FIELDS(generate_fields); ++k) {
@@ -468,17 +451,18 @@ static SEXP fastpar_r_generate(SEXP ctx_ptr, SEXP prompts, SEXP opts, SEXP per_p
     INTEGER(count)[0] = n_results;
     R_SetExternalPtrAddr(held, results);
 
-    bool any_logprobs = false, any_top = false, any_split = false;
+    bool any_logprobs = false, any_top = false, any_split = false, any_tools = false;
     for (int32_t k = 0; k < n_results; ++k) {
         any_logprobs = any_logprobs || results[k].logprobs != NULL;
         any_top = any_top || results[k].n_top_logprobs > 0;
     }
     for (R_xlen_t i = 0; i < n_params; ++i) {
         any_split = any_split || (gp[i].reasoning != NULL && strcmp(gp[i].reasoning, "split") == 0);
+        any_tools = any_tools || gp[i].tools != NULL;
     }
     const char * names[] = {"prompt_index", "sample_index", "text", "finish_reason", "error", "n_prompt_tokens",
                             "n_prompt_tokens_shared", "n_prompt_tokens_cached", "n_gen_tokens", "token_ids",
-                            "logprobs", "top_logprobs", "reasoning", ""};
+                            "logprobs", "top_logprobs", "reasoning", "tool_calls", ""};
     SEXP cols = PROTECT(Rf_mkNamed(VECSXP, names));
     SEXP prompt_index = Rf_allocVector(INTSXP, n_results);
     SET_VECTOR_ELT(cols, 0, prompt_index);
@@ -506,6 +490,8 @@ static SEXP fastpar_r_generate(SEXP ctx_ptr, SEXP prompts, SEXP opts, SEXP per_p
     SET_VECTOR_ELT(cols, 11, top);
     SEXP reasoning = any_split ? Rf_allocVector(STRSXP, n_results) : R_NilValue;
     SET_VECTOR_ELT(cols, 12, reasoning);
+    SEXP tool_calls = any_tools ? Rf_allocVector(VECSXP, n_results) : R_NilValue;
+    SET_VECTOR_ELT(cols, 13, tool_calls);
 
     /* Prompt i contributes its n samples in turn (fastpar_generate's order). */
     int32_t k = 0;
@@ -539,6 +525,9 @@ static SEXP fastpar_r_generate(SEXP ctx_ptr, SEXP prompts, SEXP opts, SEXP per_p
             }
             if (any_split) {
                 SET_STRING_ELT(reasoning, k, Rf_mkCharCE(c->reasoning != NULL ? c->reasoning : "", CE_UTF8));
+            }
+            if (any_tools) {
+                SET_VECTOR_ELT(tool_calls, k, tool_calls_frame(c));
             }
         }
     }

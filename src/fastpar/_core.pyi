@@ -6,7 +6,7 @@ import collections.abc
 import numpy
 import numpy.typing
 import typing
-__all__: list[str] = ['ChatMessage', 'ChatRender', 'ChatReply', 'Completion', 'Context', 'ContextParams', 'Engine', 'EngineClosed', 'EngineStats', 'FastparError', 'GenerateParams', 'MAX_TOP_LOGPROBS', 'Model', 'ModelLoadError', 'ModelParams', 'PrefixCacheStats', 'QueueFull', 'RequestHandle', 'Stats', 'ToolCall', 'backend', 'new_tool_call_id', 'parse_reply', 'version']
+__all__: list[str] = ['ChatMessage', 'ChatRender', 'ChatReply', 'Completion', 'Context', 'ContextParams', 'Engine', 'EngineClosed', 'EngineStats', 'FastparError', 'GenerateParams', 'MAX_TOP_LOGPROBS', 'Model', 'ModelLoadError', 'ModelParams', 'PrefixCacheStats', 'QueueFull', 'RequestHandle', 'Stats', 'ToolCall', 'backend', 'new_tool_call_id', 'parse_reply', 'render_tools', 'version']
 class FastparError(RuntimeError):
     pass
 class ModelLoadError(FastparError):
@@ -236,10 +236,13 @@ class GenerateParams:
     ignore_eos: bool
     json_schema: str
     logprobs: bool
+    parallel_tool_calls: bool
     prompt_logprobs: bool
     reasoning: str
     regex: str
+    tool_choice: str
     tool_parser: str
+    tools: str
     def __init__(self) -> None:
         ...
     def validate(self) -> None:
@@ -760,6 +763,10 @@ def new_tool_call_id() -> str:
 def parse_reply(parser: str, text: str, partial: bool = False) -> ChatReply:
     """
     The content, thought and tool calls of `text` as a ChatRender's parser reads them; with partial, of a prefix of an output (calls not finished yet are left out). Calls get no ids.
+    """
+def render_tools(model: Model, messages: str, params: GenerateParams) -> tuple[str, GenerateParams]:
+    """
+    OpenAI messages (JSON text) rendered with params' tools by the model's template: the prompt text, and the params to generate it with (the calls' grammar, parser and stops; tools cleared).
     """
 def version() -> str:
     """

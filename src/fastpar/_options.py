@@ -295,7 +295,7 @@ class SamplingParams:
         given = [name for name in ("json_schema", "grammar", "choice", "regex") if getattr(self, name) is not None]
         if len(given) > 1:
             raise ValueError(f"{' and '.join(given)} were both given; a prompt takes one constraint")
-        _check_tools(self, given)
+        _check_tools(self)
         object.__setattr__(self, "_params", _to_core(self))
 
     @classmethod
@@ -304,7 +304,7 @@ class SamplingParams:
         return cls(**options)
 
 
-def _check_tools(sp: SamplingParams, constraints: List[str]) -> None:
+def _check_tools(sp: SamplingParams) -> None:
     """tools (OpenAI's list of functions) kept as JSON text; tool_choice "auto" (the default
     with tools), "none", "required", or a function's name (or OpenAI's
     {"type": "function", "function": {"name": ...}}) kept as the name."""
@@ -330,9 +330,6 @@ def _check_tools(sp: SamplingParams, constraints: List[str]) -> None:
             object.__setattr__(sp, "tools", json.dumps(list(tools)))
         except (TypeError, ValueError) as e:
             raise TypeError(f"tools is not JSON-serialisable: {e}") from None
-        if constraints:
-            raise ValueError(f"tools and {constraints[0]} were both given: tool calls are constrained by "
-                             "their functions' parameters")
     if isinstance(choice, Mapping):
         fn = choice.get("function")
         if choice.get("type") != "function" or not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str):
@@ -343,9 +340,9 @@ def _check_tools(sp: SamplingParams, constraints: List[str]) -> None:
     if choice is not None:
         if not isinstance(choice, str) or not choice:
             raise TypeError(f"tool_choice must be 'auto', 'none', 'required' or a function's name, got {choice!r}")
-        if tools is None:
-            raise ValueError("tool_choice was given without tools")
-        if choice not in ("auto", "none", "required") and choice not in [t["function"]["name"] for t in tools]:
+        # tool_choice without tools, and tools with another constraint, the core refuses.
+        if tools is not None and choice not in ("auto", "none", "required") and \
+                choice not in [t["function"]["name"] for t in tools]:
             raise ValueError(f"tool_choice names function {choice!r}, which tools do not define")
     if not isinstance(sp.parallel_tool_calls, bool):
         raise TypeError(f"parallel_tool_calls must be a bool, got {type(sp.parallel_tool_calls).__name__}")
@@ -402,8 +399,9 @@ def _to_core(sp: SamplingParams) -> _core.GenerateParams:
         elif name in ("logit_bias", "allowed_token_ids"):
             if value is not None:
                 setattr(params, name, list(value))
-        elif name in ("tools", "tool_choice", "parallel_tool_calls"):
-            pass  # the prompt is rendered with them (_tools.py)
+        elif name in ("tools", "tool_choice"):
+            if value is not None:
+                setattr(params, name, value)  # checked and kept as text by _check_tools
         else:
             _set(params, name, _CHECKS[type(getattr(_GENERATE_DEFAULTS, name))](name, value))
     params.validate()  # ranges, from the core: ValueError naming the option

@@ -1,6 +1,6 @@
 """Prompts with tools: chat messages rendered by the model's Jinja template with the tools
-(the core's ``Model.render_chat``: llama.cpp's chat library, as llama-server with
-``--jinja``), and their core options given the call format's grammar and parser."""
+(the core's ``render_tools``: llama.cpp's chat library, as llama-server with ``--jinja``),
+and their core options given the call format's grammar and parser."""
 
 from __future__ import annotations
 
@@ -40,22 +40,13 @@ def _messages_json(prompt: object, where: str) -> str:
 
 
 def render_with_tools(model: _core.Model, prompt: object, sp: SamplingParams, where: str) -> Tuple[str, _core.GenerateParams]:
-    """The prompt's text and core options when ``sp`` has tools: the calls' grammar (for
-    ``required`` or a named function, and the generic format), the parser of the output, and
-    the template's extra stop strings."""
+    """The prompt's text and core options when ``sp`` has tools (the core's ``render_tools``,
+    which C and R reach too): the calls' grammar (for ``required`` or a named function, and
+    the generic format), the parser of the output, and the template's extra stop strings."""
     try:
-        render = model.render_chat(_messages_json(prompt, where), sp.tools or "", sp.tool_choice or "auto",
-                                   sp.parallel_tool_calls)
+        return _core.render_tools(model, _messages_json(prompt, where), _to_core(sp))
     except ValueError as e:
         raise ValueError(f"{where}: {e}") from None
-    core = _to_core(sp)  # a copy of its own, given the tools' options below
-    if render.grammar:
-        core.grammar = render.grammar
-        core.grammar_prefill = render.grammar_prefill
-    core.tool_parser = render.parser
-    if render.stops:
-        core.stop = list(core.stop) + [s for s in render.stops if s not in core.stop]
-    return render.prompt, core
 
 
 def apply_tools(model: _core.Model, prompts: list, plist: List[SamplingParams]) -> Tuple[list, List[_core.GenerateParams]]:

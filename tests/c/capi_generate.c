@@ -37,7 +37,7 @@ int main(int argc, char ** argv) {
     CHECK(fastpar_model_load(argv[1], mp, &model) == FASTPAR_OK, "load");
     CHECK(fastpar_context_new(model, cp, &ctx) == FASTPAR_OK, "context");
 
-    const fastpar_message chat[] = {{"user", "What is the capital of France?"}};
+    const fastpar_message chat[] = {{"user", "What is the capital of France?", NULL, 0, NULL}};
     const fastpar_prompt prompts[3] = {
         {"The capital of France is", NULL, 0},
         {NULL, chat, 1},
@@ -104,7 +104,7 @@ int main(int argc, char ** argv) {
     CHECK(fastpar_generate(ctx, &both, 1, NULL, 0, &results, &n_results) == FASTPAR_ERR_INVALID_ARGUMENT, "both");
     const fastpar_prompt neither = {NULL, NULL, 0};
     CHECK(fastpar_generate(ctx, &neither, 1, NULL, 0, &results, &n_results) == FASTPAR_ERR_INVALID_ARGUMENT, "none");
-    const fastpar_message bad_chat[] = {{"user", NULL}};
+    const fastpar_message bad_chat[] = {{"user", NULL, NULL, 0, NULL}};
     const fastpar_prompt bad = {NULL, bad_chat, 1};
     CHECK(fastpar_generate(ctx, &bad, 1, NULL, 0, &results, &n_results) == FASTPAR_ERR_INVALID_ARGUMENT, "NULL content");
     fastpar_generate_params bad_gp = fastpar_generate_default_params();
@@ -237,6 +237,72 @@ int main(int argc, char ** argv) {
     fastpar_results_free(results, n_results);
     fastpar_results_free(reference, n_reference);
     CHECK(fastpar_context_set_interrupt(NULL, stop_after, &limit) == FASTPAR_ERR_INVALID_ARGUMENT, "NULL ctx");
+
+    /* Tools: a chat prompt rendered with them (the default model's template has none: the
+     * generic format), a forced call parsed into tool_calls, then a later turn with the call
+     * and its result; and the refusals. Prompts with tools are long: a context of their own. */
+    fastpar_context * tctx = NULL;
+    fastpar_context_params tcp = fastpar_context_default_params();
+    tcp.n_parallel = 2;
+    tcp.n_ctx_per_seq = 1024;
+    CHECK(fastpar_context_new(model, tcp, &tctx) == FASTPAR_OK, "tools context");
+    const char * weather = "[{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", "
+                           "\"parameters\": {\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\"}}, "
+                           "\"required\": [\"city\"]}}}]";
+    const fastpar_message ask[] = {{"user", "What is the weather in Paris?", NULL, 0, NULL}};
+    const fastpar_prompt asking = {NULL, ask, 1};
+    fastpar_generate_params call = fastpar_generate_default_params();
+    call.max_tokens = 64;
+    call.temperature = 0.0f;
+    call.tools = weather;
+    call.tool_choice = "required";
+    CHECK(fastpar_generate(tctx, &asking, 1, &call, 1, &results, &n_results) == FASTPAR_OK && n_results == 1,
+          "tools: %s", fastpar_last_error());
+    CHECK(results[0].finish_reason == FASTPAR_FINISH_TOOL_CALLS && results[0].n_tool_calls == 1 &&
+              strcmp(results[0].tool_calls[0].name, "get_weather") == 0 &&
+              strncmp(results[0].tool_calls[0].id, "call_", 5) == 0 && results[0].text_len == 0,
+          "tools: one call of get_weather");
+    CHECK(strcmp(fastpar_finish_reason_name(results[0].finish_reason), "tool_calls") == 0, "tool_calls's name");
+    printf("capi-gen: tool %s %s\n", results[0].tool_calls[0].name, results[0].tool_calls[0].arguments);
+    const fastpar_tool_call made = {"call_1", "get_weather", results[0].tool_calls[0].arguments};
+    const fastpar_message turn[] = {{"user", "What is the weather in Paris?", NULL, 0, NULL},
+                                    {"assistant", NULL, &made, 1, NULL},
+                                    {"tool", "sunny, 21 C", NULL, 0, "call_1"}};
+    const fastpar_prompt answering = {NULL, turn, 3};
+    fastpar_completion * answer = NULL;
+    int32_t n_answer = 0;
+    call.tool_choice = NULL; /* auto: the model may answer in text now */
+    CHECK(fastpar_generate(tctx, &answering, 1, &call, 1, &answer, &n_answer) == FASTPAR_OK && n_answer == 1 &&
+              answer[0].finish_reason != FASTPAR_FINISH_ERROR,
+          "tools: a later turn with the result: %s", answer != NULL && answer[0].error ? answer[0].error : "");
+    fastpar_results_free(answer, n_answer);
+    fastpar_results_free(results, n_results);
+    results = NULL;
+    call.tool_choice = "required";
+    CHECK(fastpar_generate(tctx, prompts, 1, &call, 1, &results, &n_results) == FASTPAR_ERR_INVALID_ARGUMENT &&
+              strstr(fastpar_last_error(), "chat messages") != NULL && results == NULL,
+          "tools with a raw-text prompt");
+    call.tool_choice = "get_time";
+    CHECK(fastpar_generate(tctx, &asking, 1, &call, 1, &results, &n_results) == FASTPAR_ERR_INVALID_ARGUMENT &&
+              strstr(fastpar_last_error(), "get_time") != NULL,
+          "tool_choice naming no tool");
+    call.tool_choice = NULL;
+    call.regex = "[a-z]+";
+    CHECK(fastpar_generate(tctx, &asking, 1, &call, 1, &results, &n_results) == FASTPAR_ERR_INVALID_ARGUMENT &&
+              strstr(fastpar_last_error(), "tools cannot be combined") != NULL,
+          "tools with regex");
+    call.regex = NULL;
+    call.tools = "[{\"type\": \"function\"}]";
+    CHECK(fastpar_generate(tctx, &asking, 1, &call, 1, &results, &n_results) == FASTPAR_ERR_INVALID_ARGUMENT &&
+              strstr(fastpar_last_error(), "each tool") != NULL,
+          "a tool without a function");
+    call.tools = weather;
+    const fastpar_message empty[] = {{"assistant", NULL, NULL, 0, NULL}};
+    const fastpar_prompt hollow = {NULL, empty, 1};
+    CHECK(fastpar_generate(tctx, &hollow, 1, &call, 1, &results, &n_results) == FASTPAR_ERR_INVALID_ARGUMENT &&
+              strstr(fastpar_last_error(), "no tool calls") != NULL,
+          "a message with no content and no calls");
+    fastpar_context_free(tctx);
 
     fastpar_context_free(ctx);
     CHECK(fastpar_context_set_interrupt(ctx, NULL, NULL) == FASTPAR_ERR_INVALID_ARGUMENT, "freed ctx");

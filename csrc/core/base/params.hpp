@@ -8,6 +8,8 @@
 #include <utility>
 #include <vector>
 
+#include "core/base/results.hpp"
+
 namespace fastpar {
 
 struct ModelParams {
@@ -146,6 +148,13 @@ struct GenerateParams {
     // in text, and json_schema, grammar, choice and regex constrain the answer alone; "off"
     // closes an empty thought after a chat prompt, so the model answers at once; "": as is.
     std::string reasoning;
+    // Tools (OpenAI's list of functions, as JSON text; "": none) for a chat prompt: it is
+    // rendered with them by the model's template when admitted (render_tools,
+    // core/loop/requests.hpp), which sets the fields below. tool_choice: "auto" ("" with
+    // tools), "none", "required" or a function's name; parallel_tool_calls: several calls.
+    std::string tools;
+    std::string tool_choice;
+    bool parallel_tool_calls = false;
     // Tool calls (ChatTemplates::render, core/model/chat.hpp, gives both): the text the
     // grammar reads before the output (the template's generation prompt, which a call
     // format's grammar starts with), and the parser that reads the output's calls into
@@ -170,9 +179,14 @@ inline bool constrained(const GenerateParams & params) {
 // Most entries of GenerateParams::top_logprobs (as OpenAI's API allows).
 constexpr int32_t kMaxTopLogprobs = 20;
 
+// One chat message. An assistant's message may hold the calls it made (its content then
+// empty, which the template reads as none) and a tool's result names the call it answers;
+// only templates rendered with tools read those two (render_tools).
 struct ChatMessage {
     std::string role;
     std::string content;
+    std::vector<ToolCall> tool_calls;
+    std::string tool_call_id;
 };
 
 // One prompt: raw text, chat messages rendered with the model's own template, or token ids

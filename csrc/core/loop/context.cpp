@@ -445,10 +445,11 @@ std::vector<Completion> Context::generate(const std::vector<Prompt> & prompts,
     for (const auto & p : prompts) {
         check_prompt(*model_, p);
     }
+    const auto entry = [&](size_t i) { return params.size() == 1 ? 0 : i; };
+    Rendered rendered = apply_tools(*model_, prompts, admitted);  // before any work
     const auto t0 = Clock::now();
     Stats stats;
     stats.n_prompts = static_cast<int64_t>(prompts.size());
-    const auto entry = [&](size_t i) { return params.size() == 1 ? 0 : i; };
     size_t n_results = 0;
     for (size_t i = 0; i < prompts.size(); ++i) {
         n_results += static_cast<size_t>(params[entry(i)].n);
@@ -467,7 +468,10 @@ std::vector<Completion> Context::generate(const std::vector<Prompt> & prompts,
         with_scheduler(stats, policy_, [&](Scheduler & scheduler) {
             size_t k = 0;  // index into results
             for (size_t i = 0; i < prompts.size(); ++i) {
-                for (Request & request : fan_out(prompts[i], admitted[entry(i)], static_cast<uint64_t>(i) + 1, t0)) {
+                const bool own = !rendered.prompts.empty();
+                for (Request & request : fan_out(own ? std::move(rendered.prompts[i]) : prompts[i],
+                                                 own ? rendered.params[i] : admitted[entry(i)],
+                                                 static_cast<uint64_t>(i) + 1, t0)) {
                     request.on_done = [&results, &on_completion, k](Completion && c) {
                         results[k] = std::move(c);
                         if (on_completion) {

@@ -159,8 +159,9 @@ std::shared_ptr<RequestHandle> Engine::submit(Prompt prompt, const GenerateParam
         throw InvalidArgument("this engine was made for embeddings (embeddings=True): submit texts with "
                               "submit_embedding, or make one without it to generate");
     }
-    const AdmittedParams admitted = admit_params(params);
+    AdmittedParams admitted = admit_params(params);
     check_prompt(*ctx_->model(), prompt);
+    apply_tools(*ctx_->model(), prompt, admitted);
     const int32_t n = params.n;
     const int64_t capacity = static_cast<int64_t>(ctx_->params().n_parallel) + max_queued_;
     if (n > capacity) {

@@ -235,6 +235,31 @@ ChatRender ChatTemplates::render(const std::string & messages, const std::string
     return out;
 }
 
+std::string messages_json(const std::vector<ChatMessage> & messages) {
+    ordered_json out = ordered_json::array();
+    for (const ChatMessage & m : messages) {
+        ordered_json j = {{"role", m.role}};
+        j["content"] = m.content.empty() && !m.tool_calls.empty() ? ordered_json() : ordered_json(m.content);
+        if (!m.tool_calls.empty()) {
+            ordered_json calls = ordered_json::array();
+            for (const ToolCall & c : m.tool_calls) {
+                calls.push_back({{"id", c.id}, {"type", "function"},
+                                 {"function", {{"name", c.name}, {"arguments", c.arguments}}}});
+            }
+            j["tool_calls"] = std::move(calls);
+        }
+        if (!m.tool_call_id.empty()) {
+            j["tool_call_id"] = m.tool_call_id;
+        }
+        out.push_back(std::move(j));
+    }
+    try {
+        return out.dump();
+    } catch (const std::exception &) {
+        throw InvalidArgument("a chat message is not valid UTF-8");
+    }
+}
+
 ChatReply parse_reply(const std::string & parser, const std::string & text, bool partial) {
     ChatReply r;
     try {

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "core/base/params.hpp"
 #include "core/base/results.hpp"
 #include "llama.h"
 
@@ -67,5 +68,9 @@ ChatReply parse_reply(const std::string & parser, const std::string & text, bool
 
 // A fresh tool-call id.
 std::string new_tool_call_id();
+
+// OpenAI's messages array (JSON text) of these messages: an assistant's calls as
+// tool_calls (its content null when empty), a tool's result with its tool_call_id.
+std::string messages_json(const std::vector<ChatMessage> & messages);
 
 }  // namespace fastpar

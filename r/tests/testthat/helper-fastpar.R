@@ -55,9 +55,10 @@ python <- function() {
 
 # Runs python_greedy.py: one line of token ids per result of Python's generate_parallel.
 # A prompt given as list(chat = "...") is one user message.
-python_tokens <- function(prompts, max_tokens, n_parallel = 4, n_ctx_per_seq = 512) {
+python_tokens <- function(prompts, max_tokens, n_parallel = 4, n_ctx_per_seq = 512, tools = NULL) {
   test_model()
   args <- vapply(prompts, function(p) if (is.list(p)) paste0("chat:", p$chat) else paste0("text:", p), "")
+  if (!is.null(tools)) args <- c(paste0("--tools=", tools), args)
   script <- test_path("python_greedy.py")
   out <- system2(python(), shQuote(c(script, cache$path, max_tokens, n_parallel, n_ctx_per_seq, args)),
                  stdout = TRUE, stderr = TRUE)

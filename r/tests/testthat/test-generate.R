@@ -188,6 +188,32 @@ test_that("reasoning = 'split' puts an opened thought in a reasoning column", {
   expect_null(generate_parallel(ctx, "Hello", max_tokens = 2)$reasoning)
 })
 
+test_that("tools: a forced call in a tool_calls column, as Python makes it, and a later turn", {
+  ctx <- test_context(2, 1024)
+  weather <- paste0('[{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", ',
+                    '"properties": {"city": {"type": "string"}}, "required": ["city"]}}}]')
+  ask <- list(list(role = "user", content = "What is the weather in Paris?"))
+  out <- generate_parallel(ctx, list(ask), tools = weather, tool_choice = "required", temperature = 0,
+                           max_tokens = 64)
+  expect_identical(out$finish_reason, "tool_calls")
+  calls <- out$tool_calls[[1]]
+  expect_s3_class(calls, "data.frame")
+  expect_identical(names(calls), c("id", "name", "arguments"))
+  expect_identical(calls$name, "get_weather")
+  expect_true(startsWith(calls$id, "call_"))
+  expect_identical(out$token_ids, python_tokens(list(list(chat = "What is the weather in Paris?")), max_tokens = 64,
+                                                n_parallel = 2, n_ctx_per_seq = 1024, tools = weather))
+  turn <- c(ask, list(list(role = "assistant", tool_calls = calls),
+                      list(role = "tool", content = "sunny, 21 C", tool_call_id = calls$id)))
+  answer <- generate_parallel(ctx, list(turn), tools = weather, temperature = 0, max_tokens = 16)
+  expect_true(answer$finish_reason %in% c("stop", "length", "tool_calls"))
+  expect_null(generate_parallel(ctx, list(ask), max_tokens = 2)$tool_calls)
+  expect_error(generate_parallel(ctx, "Hello", tools = weather), "must be chat messages")
+  expect_error(generate_parallel(ctx, list(ask), tools = weather, tool_choice = "get_time"), "get_time")
+  expect_error(generate_parallel(ctx, list(list(list(role = "assistant", tool_calls = "x"))), tools = weather),
+               "tool_calls is a data.frame")
+})
+
 test_that("logit_bias forces and bans tokens, per prompt or for all", {
   ctx <- test_context()
   prompts <- c("The capital of France is", "Water boils at")
