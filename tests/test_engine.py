@@ -161,8 +161,9 @@ def test_a_burst_takes_the_free_slots_before_the_queue(model):
 
 def test_a_lower_priority_value_takes_the_next_free_slot(model):
     # One slot, held by a long request; 64 requests wait, then one with priority -1 comes:
-    # it starts as soon as the slot frees, before every one queued earlier, and those start
-    # in the order they came (first come first served among equals).
+    # it takes the slot at once (the long request is suspended, and goes on after it),
+    # before every one queued earlier, and those start in the order they came (first come
+    # first served among equals).
     with fastpar.Engine(model, n_parallel=1, n_ctx_per_seq=256) as e:
         blocker = e.submit("Once upon a time", max_tokens=24, ignore_eos=True, **GREEDY)
         waiting, submitted = [], []
@@ -181,6 +182,45 @@ def test_a_lower_priority_value_takes_the_next_free_slot(model):
     params = [fastpar.SamplingParams(max_tokens=2, priority=p, **GREEDY) for p in (0, 5, -3, 0)]
     out = fastpar.generate_parallel(ctx, ["A", "B", "C", "D"], params=params)
     assert sorted(range(4), key=lambda i: out[i].t_queued_ms) == [2, 0, 3, 1]
+
+
+@pytest.mark.parametrize("prefix_cache_mib", [0, -1])
+def test_an_urgent_request_preempts_and_the_suspended_one_goes_on_exactly(model, prefix_cache_mib):
+    """Two slots running long requests; one with priority -1 comes: the latest admitted is
+    suspended and the urgent one starts at once; the suspended one resumes after it (its
+    prompt and tokens decoded again, or found in the prefix cache) with its chain as it was.
+    On the CPU these short sequences decode with the same kernels either way, so every
+    output equals its run without the urgent request token for token; a GPU rounds the
+    resumed decode apart, so there the outputs are checked for length and counts."""
+    long = dict(max_tokens=40, ignore_eos=True, logprobs=True, temperature=0.9, seed=3)
+    prompts = ["Once upon a time", "The history of the city"]
+    options = dict(n_parallel=2, n_ctx_per_seq=256, prefix_cache_mib=prefix_cache_mib)
+    with fastpar.Engine(model, **options) as e:
+        want = [e.submit(p, **long) for p in prompts]
+        want = [r.result(timeout=120) for r in want]
+    with fastpar.Engine(model, **options) as e:
+        running = [e.submit(p, **long) for p in prompts]
+        seen = [[], []]
+        deadline = time.monotonic() + 60
+        while not all(seen) and time.monotonic() < deadline:  # both have generated tokens
+            for i, r in enumerate(running):
+                seen[i] += r.take_pieces()
+            time.sleep(0.001)
+        assert all(seen) and not any(r.done() for r in running)
+        urgent = e.submit("Urgent:", max_tokens=3, ignore_eos=True, priority=-1, **GREEDY)
+        u = urgent.result(timeout=120)
+        assert not running[1].done()  # suspended while the urgent one ran
+        got = [r.result(timeout=120) for r in running]
+        assert e.stats().n_preempted == 1
+    assert u.n_gen_tokens == 3 and u.t_queued_ms < got[1].t_total_ms
+    for g, w, p in zip(got, want, prompts):
+        assert g.finish_reason == "length" and g.n_gen_tokens == 40
+        assert g.n_prompt_tokens + g.n_prompt_tokens_shared + g.n_prompt_tokens_cached == len(model.tokenize(p))
+        if not ON_GPU:
+            assert g.token_ids == w.token_ids and g.text == w.text and g.logprobs == w.logprobs
+    # The suspended request's stream adds up to its text.
+    seen[1] += running[1].take_pieces()
+    assert "".join(piece for _, piece in seen[1]) == got[1].text
 
 
 def test_blocking_submit_waits_for_room(model):

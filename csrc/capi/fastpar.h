@@ -130,7 +130,9 @@ typedef struct fastpar_generate_params {
                                               -INFINITY bans it), or NULL */
     int32_t n_logit_bias;
     int32_t priority;          /* lowest first: which queued prompt takes a free slot first
-                                  (first come first served among equals); 0 by default */
+                                  (first come first served among equals), and one more urgent
+                                  than a running prompt suspends the least urgent running one,
+                                  which resumes where it stopped; 0 by default */
     const char * regex;        /* regular expression every output matches whole, or NULL; at
                                   most one of json_schema, grammar, choice and regex */
     const int32_t * allowed_token_ids; /* n_allowed_token_ids token ids, the only ones generated

@@ -30,13 +30,14 @@ void register_engine(py::module_ & m) {
         .def_readonly("n_gen_tokens", &EngineStats::n_gen_tokens)
         .def_readonly("n_decode_calls", &EngineStats::n_decode_calls)
         .def_readonly("n_padding_tokens", &EngineStats::n_padding_tokens)
+        .def_readonly("n_preempted", &EngineStats::n_preempted)
         .def_readonly("uptime_s", &EngineStats::uptime_s)
         .def_readonly("busy_s", &EngineStats::busy_s)
         .def_property_readonly("gen_tokens_per_s", &EngineStats::gen_tokens_per_s);
     const std::vector<const char *> engine_stats_fields = {
         "n_active", "n_queued", "n_submitted", "n_completed", "n_failed", "n_cancelled", "n_prompt_tokens",
         "n_prompt_tokens_shared", "n_prompt_tokens_cached", "n_gen_tokens", "n_decode_calls", "n_padding_tokens",
-        "uptime_s", "busy_s",
+        "n_preempted", "uptime_s", "busy_s",
         "gen_tokens_per_s"};
     def_record(engine_stats, "EngineStats", engine_stats_fields, engine_stats_fields);
 

@@ -244,6 +244,7 @@ void register_generate(py::module_ & m) {
         .def_readonly("n_device_sampled", &Stats::n_device_sampled)
         .def_readonly("t_sample_ms", &Stats::t_sample_ms)
         .def_readonly("n_padding_tokens", &Stats::n_padding_tokens)
+        .def_readonly("n_preempted", &Stats::n_preempted)
         .def_readonly("n_grammar_kept", &Stats::n_grammar_kept)
         .def_readonly("n_grammar_top", &Stats::n_grammar_top)
         .def_readonly("n_grammar_wider", &Stats::n_grammar_wider)
@@ -258,7 +259,7 @@ void register_generate(py::module_ & m) {
         "n_prompts", "n_failed", "n_prompt_tokens", "n_prompt_tokens_shared", "n_prompt_tokens_cached",
         "n_gen_tokens", "t_prompt_ms",
         "t_gen_ms", "t_wall_ms", "n_decode_calls", "n_kv_full_retries", "n_device_sampled", "t_sample_ms",
-        "n_padding_tokens", "n_grammar_kept", "n_grammar_top", "n_grammar_wider", "n_grammar_whole",
+        "n_padding_tokens", "n_preempted", "n_grammar_kept", "n_grammar_top", "n_grammar_wider", "n_grammar_whole",
         "n_grammar_cached", "n_threads_low", "backend", "prompt_tokens_per_s", "gen_tokens_per_s", "total_tokens_per_s"};
     def_record(stats, "Stats", stats_fields, stats_fields);
 

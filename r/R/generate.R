@@ -46,7 +46,8 @@
 #'   `finish_reason` `"tool_calls"`; not with the constraints above), `tool_choice` (`"auto"`,
 #'   the default, `"none"`, `"required"` or a function's name: the last two force a call),
 #'   `parallel_tool_calls` (`TRUE` allows several calls), `priority` (which queued prompt takes a free slot first:
-#'   the lowest value, first come first served among equals), `logprobs` (`TRUE` adds a list column `logprobs`, the log-probability
+#'   the lowest value, first come first served among equals; a more urgent one suspends a
+#'   running one, which resumes where it stopped), `logprobs` (`TRUE` adds a list column `logprobs`, the log-probability
 #'   of every generated token), `top_logprobs` (`k` from 1 to 20 adds a list column
 #'   `top_logprobs`: for each row a list of two matrices with a row per generated token and
 #'   its `k` most likely tokens in columns, best first: `token_ids` (integer) and

@@ -477,6 +477,9 @@ class Stats:
     def n_padding_tokens(self) -> int:
         ...
     @property
+    def n_preempted(self) -> int:
+        ...
+    @property
     def n_prompt_tokens(self) -> int:
         ...
     @property
@@ -669,6 +672,9 @@ class EngineStats:
         ...
     @property
     def n_padding_tokens(self) -> int:
+        ...
+    @property
+    def n_preempted(self) -> int:
         ...
     @property
     def n_prompt_tokens(self) -> int:

@@ -204,7 +204,8 @@ class SamplingParams:
     to the answer alone; ``"off"`` closes an empty thought after a chat prompt, so the model
     answers at once; None leaves the output as it is.
     ``priority``: which queued prompt takes a free slot first, the lowest value (first come
-    first served among equals); a running prompt is never stopped for another.
+    first served among equals); one more urgent than a running prompt suspends the least
+    urgent running one, which resumes where it stopped once a slot is free.
     ``tools``: OpenAI's list of functions (``{"type": "function", "function": {"name",
     "description", "parameters"}}``; kept as JSON text) the model may call; the prompt must
     be chat messages, rendered with the model's Jinja template, and ``Completion.tool_calls``

@@ -136,7 +136,8 @@ struct GenerateParams {
     // entries for one token add up); -infinity bans the token. The ids must be the model's.
     std::vector<std::pair<int32_t, float>> logit_bias;
     // Which queued request takes a free slot first: the lowest value, first come first served
-    // among equals (vLLM's priority). A running request is never stopped for another.
+    // among equals (vLLM's priority). A queued request more urgent than a running one
+    // suspends the least urgent running one, which resumes where it stopped (preempt.cpp).
     int32_t priority = 0;
     // A regular expression every output matches whole (a grammar converted from it; "": none).
     std::string regex;

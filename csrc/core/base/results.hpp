@@ -88,6 +88,7 @@ struct Stats {
     int64_t n_device_sampled = 0;   // tokens chosen from candidates cut down on the device
     double t_sample_ms = 0;         // part of t_gen_ms spent choosing tokens from the logits
     int64_t n_padding_tokens = 0;   // throw-away tokens that kept a step in one forward pass (GPU)
+    int64_t n_preempted = 0;        // running requests suspended for more urgent ones (priority)
     // Tokens of json_schema/grammar requests, by how each was chosen (core/structured/structured.hpp,
     // ConstrainedWay): the chain's choice kept; refused and found among the best 256
     // candidates; in larger stages; by masking the whole vocabulary; from a kept allowed set.

@@ -126,7 +126,9 @@ void Scheduler::admit() {
         if (n_free >= kMinPooled) {
             ahead.resize(std::min(n_free, queue_.size()));
             pool_->run(ahead.size(), [&](size_t i) {
-                tokenize_prompt(model_, queue_[i].prompt, queue_[i].params->reasoning, ahead[i]);
+                if (!queue_[i].suspended) {  // a suspended request has its tokens
+                    tokenize_prompt(model_, queue_[i].prompt, queue_[i].params->reasoning, ahead[i]);
+                }
             });
         }
     }
@@ -137,6 +139,11 @@ void Scheduler::admit() {
     while (!queue_.empty() && has_free()) {
         Request request = std::move(queue_.front());
         queue_.pop_front();
+        if (request.suspended) {
+            ++n_taken;
+            resume(std::move(request));
+            continue;
+        }
         const GenerateParams & params = *request.params;
         Tokenized t;
         if (n_taken < ahead.size()) {
@@ -181,6 +188,7 @@ void Scheduler::admit() {
         slot.grammar = std::move(grammar);
         slot.thought_open = t.thought_open;
         start_slot(slot, std::move(request), std::move(t.tokens));
+        slot.order = n_admitted_++;
         reuse_cached(slot);
         pair_for_sharing(slot);
     }

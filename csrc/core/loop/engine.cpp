@@ -344,6 +344,7 @@ void Engine::loop(Scheduler & scheduler) {
         totals_.busy_s += dt;
         totals_.n_decode_calls = loop_stats_.n_decode_calls;
         totals_.n_padding_tokens = loop_stats_.n_padding_tokens;
+        totals_.n_preempted = loop_stats_.n_preempted;
     }
 }
 

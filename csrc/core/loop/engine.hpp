@@ -42,7 +42,7 @@ struct QueueFull : Error {
 // Counted in samples: a request of n samples (GenerateParams::n) counts n, each ending
 // with its own finish reason.
 struct EngineStats {
-    int64_t n_active = 0;      // requests in a slot now
+    int64_t n_active = 0;      // requests in a slot now (or suspended for a more urgent one)
     int64_t n_queued = 0;      // requests waiting for a slot
     int64_t n_submitted = 0;
     int64_t n_completed = 0;   // finished with "stop" or "length"
@@ -54,6 +54,7 @@ struct EngineStats {
     int64_t n_gen_tokens = 0;     // over finished requests
     int64_t n_decode_calls = 0;
     int64_t n_padding_tokens = 0;  // throw-away tokens that kept a step in one forward pass (GPU)
+    int64_t n_preempted = 0;       // running requests suspended for more urgent ones (priority)
     double uptime_s = 0;       // since the engine started
     double busy_s = 0;         // time with at least one request in a slot
     double gen_tokens_per_s() const { return busy_s > 0 ? static_cast<double>(n_gen_tokens) / busy_s : 0.0; }

@@ -25,6 +25,56 @@ std::string decode_error_message(int32_t rc) {
     }
 }
 
+std::vector<llama_token> kv_tokens(const Slot & s) {
+    // A resumed slot's prompt ends with the n_resumed tokens it had generated before.
+    std::vector<llama_token> kv(s.prompt.begin(), s.prompt.begin() + static_cast<std::ptrdiff_t>(s.n_fed));
+    const auto n_gen_fed = static_cast<size_t>(s.n_past) - s.n_fed;
+    const auto from = s.completion.token_ids.begin() + static_cast<std::ptrdiff_t>(s.n_resumed);
+    kv.insert(kv.end(), from, from + static_cast<std::ptrdiff_t>(n_gen_fed));
+    return kv;
+}
+
+void deliver(Request & request, Completion c, TextStream & text, bool thought_open, FinishReason reason,
+             const std::string & error) {
+    c.finish_reason = reason;
+    c.error = error;
+    if (request.on_text) {
+        // Stream the rest, so that the pieces add up to the final text exactly.
+        try {
+            const std::string piece = text.next_piece(request.params->stop, true);
+            if (!piece.empty()) {
+                request.on_text(piece);
+            }
+        } catch (...) {
+        }
+    }
+    c.text = text.take_text();
+    if (!request.params->tool_parser.empty() && c.finish_reason != FinishReason::Error &&
+        c.finish_reason != FinishReason::Cancelled) {
+        // The text besides the calls: the generic format's "response", or the whole output
+        // when it holds no well-formed call.
+        ChatReply reply = parse_reply(request.params->tool_parser, c.text, false);
+        c.text = std::move(reply.content);
+        if (!reply.tool_calls.empty()) {
+            for (auto & call : reply.tool_calls) {
+                if (call.id.empty()) {
+                    call.id = new_tool_call_id();
+                }
+            }
+            c.tool_calls = std::move(reply.tool_calls);
+            if (c.finish_reason == FinishReason::Stop) {
+                c.finish_reason = FinishReason::ToolCalls;
+            }
+        }
+    }
+    if (request.params->reasoning == "split") {
+        c.reasoning = split_thought(c.text, thought_open);
+    }
+    c.n_gen_tokens = static_cast<int32_t>(c.token_ids.size());
+    c.t_total_ms = ms_since(request.t_submit);
+    request.on_done(std::move(c));
+}
+
 Scheduler::Scheduler(const Model & model, llama_context * ctx, llama_batch & batch, const SchedulerOptions & options,
                      Stats & stats)
     : model_(model), ctx_(ctx), threads_(options.threads), mem_(llama_get_memory(ctx)), batch_(batch), n_batch_(options.n_batch),
@@ -76,6 +126,11 @@ bool Scheduler::idle() const {
 }
 
 void Scheduler::complete_unstarted(Request & request, FinishReason reason, const std::string & error) {
+    if (request.suspended) {
+        const std::shared_ptr<Suspended> was = std::move(request.suspended);
+        deliver(request, std::move(was->completion), was->text, was->thought_open, reason, error);
+        return;
+    }
     Completion c;
     c.finish_reason = reason;
     c.error = error;
@@ -210,6 +265,7 @@ void Scheduler::step() {
         return;
     }
     reap_cancelled();
+    preempt();
     admit();
     share_prefixes();
     if (retire_scored()) {
@@ -328,6 +384,9 @@ void Scheduler::decode_group(std::vector<Slot *> group) {
                     // Its prompt is in: it generates from its first token (chosen below), or,
                     // scored only, is done (retire_scored ends it, after the next step's copies).
                     s->state = s->score_only() ? SlotState::Scored : SlotState::Generating;
+                    if (s->n_resumed > 0) {
+                        uncount_resumed(*s);
+                    }
                 }
             }
             s->n_past += s->n_plan;
@@ -477,11 +536,7 @@ void Scheduler::finish(Slot & s, FinishReason reason, const std::string & error)
     // A request that ended normally leaves its sequence cached: its prompt and the tokens
     // fed after it (the last one chosen never was). Failed and cancelled ones leave nothing.
     if (cache_ != nullptr && (reason == FinishReason::Stop || reason == FinishReason::Length) && s.n_past > 0) {
-        std::vector<llama_token> kv(s.prompt.begin(), s.prompt.begin() + static_cast<std::ptrdiff_t>(s.n_fed));
-        const auto n_gen_fed = static_cast<size_t>(s.n_past) - s.n_fed;
-        kv.insert(kv.end(), s.completion.token_ids.begin(),
-                  s.completion.token_ids.begin() + static_cast<std::ptrdiff_t>(n_gen_fed));
-        cache_->hold(static_cast<size_t>(s.seq), std::move(kv));
+        cache_->hold(static_cast<size_t>(s.seq), kv_tokens(s));
     } else {
         llama_memory_seq_rm(mem_, s.seq, -1, -1);
     }
@@ -493,49 +548,13 @@ void Scheduler::finish(Slot & s, FinishReason reason, const std::string & error)
     s.scoring.tokens.clear();
     s.n_fed = 0;
     s.n_past = 0;
+    s.n_resumed = 0;
     if (reason == FinishReason::Error) {
         ++stats_.n_failed;
     }
-    Completion c = std::move(s.completion);
-    c.finish_reason = reason;
-    c.error = error;
-    if (s.request.on_text) {
-        // Stream the rest, so that the pieces add up to the final text exactly.
-        try {
-            const std::string piece = s.text.next_piece(s.request.params->stop, true);
-            if (!piece.empty()) {
-                s.request.on_text(piece);
-            }
-        } catch (...) {
-        }
-    }
-    c.text = s.text.take_text();
-    if (!s.request.params->tool_parser.empty() && c.finish_reason != FinishReason::Error &&
-        c.finish_reason != FinishReason::Cancelled) {
-        // The text besides the calls: the generic format's "response", or the whole output
-        // when it holds no well-formed call.
-        ChatReply reply = parse_reply(s.request.params->tool_parser, c.text, false);
-        c.text = std::move(reply.content);
-        if (!reply.tool_calls.empty()) {
-            for (auto & call : reply.tool_calls) {
-                if (call.id.empty()) {
-                    call.id = new_tool_call_id();
-                }
-            }
-            c.tool_calls = std::move(reply.tool_calls);
-            if (c.finish_reason == FinishReason::Stop) {
-                c.finish_reason = FinishReason::ToolCalls;
-            }
-        }
-    }
-    if (s.request.params->reasoning == "split") {
-        c.reasoning = split_thought(c.text, s.thought_open);
-    }
-    c.n_gen_tokens = static_cast<int32_t>(c.token_ids.size());
-    c.t_total_ms = ms_since(s.request.t_submit);
     Request request = std::move(s.request);
     s.request = Request();
-    request.on_done(std::move(c));
+    deliver(request, std::move(s.completion), s.text, s.thought_open, reason, error);
 }
 
 void Scheduler::cancel_all() noexcept {

@@ -31,6 +31,8 @@ namespace fastpar {
 
 using Clock = std::chrono::steady_clock;
 
+struct Suspended;  // slot.hpp
+
 struct Request {
     Prompt prompt;
     std::shared_ptr<const GenerateParams> params;
@@ -48,6 +50,8 @@ struct Request {
     // Optional: set from any thread to cancel; the scheduler notices between steps.
     std::shared_ptr<std::atomic<bool>> cancel;
     Clock::time_point t_submit = Clock::now();
+    // Set while a preempted request waits to resume (slot.hpp); null otherwise.
+    std::shared_ptr<Suspended> suspended;
 };
 
 // Appends one token of one sequence to `batch` (which has room for it); returns its index.
@@ -112,13 +116,20 @@ public:
     // Ends every queued and running request with finish_reason "cancelled" and removes
     // their KV. Never throws.
     void cancel_all() noexcept;
-    // Ends a request that never got a slot (its on_done gets an empty completion).
+    // Ends a request that is not in a slot: one that never got one gets an empty completion,
+    // a suspended one what it had generated.
     static void complete_unstarted(Request & request, FinishReason reason, const std::string & error);
 
 private:
     void reap_cancelled();
     void choose_sampler(Slot & slot, const GenerateParams & params, uint32_t seed);
     void admit();  // admit.hpp has its parts
+    // Preemption (preempt.cpp): a queued request more urgent than a running one takes its
+    // slot; the running one is suspended and resumed later where it stopped.
+    void preempt();
+    void suspend(Slot & slot);
+    void resume(Request request);
+    void requeue_first(Request request);
     Slot & pick_slot(const std::vector<llama_token> & tokens);
     void reuse_cached(Slot & slot);
     bool drop_idle_holds();

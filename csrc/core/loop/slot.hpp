@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "core/base/results.hpp"
@@ -54,7 +55,9 @@ struct Slot {
     bool thought_open = false; // its prompt ends inside a thought (reasoning "split")
     Completion completion;
     PromptScoring scoring;     // with GenerateParams::prompt_logprobs
-    uint64_t order = 0;        // admitted as the order-th request: an embeddings step goes oldest first
+    uint64_t order = 0;        // admitted as the order-th request: an embeddings step goes oldest first,
+                               // and a preemption suspends the latest of the least urgent
+    size_t n_resumed = 0;      // a resumed request: its generated tokens that end `prompt`
     // Set while building a batch:
     int32_t n_plan = 0;        // tokens this slot adds to the batch
     int32_t i_logits = -1;     // batch index whose logits this slot samples, or -1
@@ -65,6 +68,34 @@ struct Slot {
     bool prefilling() const { return state == SlotState::Prompt || state == SlotState::Waiting; }
     // Scores its prompt and generates nothing: finished once the prompt is decoded.
     bool score_only() const { return scoring.on() && request.params->max_tokens == 0; }
+};
+
+// The tokens whose KV `s`'s sequence holds: its prompt's decoded part and the generated
+// tokens fed after it (scheduler.cpp).
+std::vector<llama_token> kv_tokens(const Slot & s);
+
+// Ends `request` with completion `c` and reason: the rest of its text (in `text`) streamed,
+// its tool calls parsed out, its thought split off, its on_done called (scheduler.cpp).
+void deliver(Request & request, Completion c, TextStream & text, bool thought_open, FinishReason reason,
+             const std::string & error);
+
+// A resumed slot's prompt is decoded: its completion counts the original prompt alone
+// (the tokens it generated before it was suspended are no prompt tokens; preempt.cpp).
+void uncount_resumed(Slot & s);
+
+// A request preempted by a more urgent one (Scheduler::preempt), queued again with what it
+// needs to go on exactly where it stopped: its prompt and every token chosen so far (decoded
+// again when it resumes, or found in the prefix cache), its chain and constraint in their
+// states, its text and its completion so far.
+struct Suspended {
+    std::vector<llama_token> tokens;
+    SamplerPtr sampler;
+    ChainShape shape;
+    GrammarPtr grammar;
+    bool thought_open = false;
+    TextStream text;
+    Completion completion;
+    uint64_t order = 0;
 };
 
 }  // namespace fastpar
