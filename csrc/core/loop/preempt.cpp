@@ -21,16 +21,21 @@ int32_t priority_of(const Request & r) { return r.params ? r.params->priority : 
 }  // namespace
 
 void Scheduler::preempt() {
-    while (!queue_.empty()) {
-        if (std::any_of(slots_.begin(), slots_.end(), [](const std::unique_ptr<Slot> & s) { return !s->active(); })) {
-            return;  // admit() gives the most urgent request a free slot
+    // The queue is ordered by priority: its first requests take the free slots (admit()), and
+    // each one after them that is more urgent than a running request takes that one's slot.
+    auto n_free = static_cast<size_t>(
+        std::count_if(slots_.begin(), slots_.end(), [](const std::unique_ptr<Slot> & s) { return !s->active(); }));
+    for (size_t q = 0; q < queue_.size(); ++q) {
+        if (n_free > 0) {
+            --n_free;
+            continue;
         }
-        const int32_t want = priority_of(queue_.front());  // the queue is ordered by priority
+        const int32_t want = priority_of(queue_[q]);
         Slot * victim = nullptr;
         for (auto & sp : slots_) {
             Slot & s = *sp;
             // A scoring request's rows are read as they decode: it is never suspended.
-            if (s.state == SlotState::Scored || s.scoring.on() || priority_of(s.request) <= want) {
+            if (!s.active() || s.state == SlotState::Scored || s.scoring.on() || priority_of(s.request) <= want) {
                 continue;
             }
             if (victim == nullptr || priority_of(s.request) > priority_of(victim->request) ||
@@ -39,9 +44,9 @@ void Scheduler::preempt() {
             }
         }
         if (victim == nullptr) {
-            return;
+            return;  // and none queued later is more urgent
         }
-        suspend(*victim);
+        suspend(*victim);  // queued again after q (it is less urgent); its slot is q's
     }
 }
 
