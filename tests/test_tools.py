@@ -172,6 +172,24 @@ def templated(request, model, tmp_path_factory):
     return request.param, m
 
 
+# A well-formed call written in each format, as a model trained on it writes one.
+WRITTEN = {"hermes": '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
+           "llama3": '{"name": "get_weather", "parameters": {"city": "Paris"}}',
+           "mistral": '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}, "id": "abcdefghi"}]'}
+
+
+def test_each_format_reads_a_call_written_in_it(templated):
+    """The parser of each format (auto and required) reads a call written in it, which the
+    135M model does not write for Mistral (test below): name, arguments and the id the
+    model gave, no text besides."""
+    name, model = templated
+    for choice in ("auto", "required"):
+        render = model._model.render_chat(json.dumps(QUESTION), json.dumps([WEATHER]), choice, False)
+        reply = fastpar._core.parse_reply(render.parser, WRITTEN[name])
+        assert [(t.name, json.loads(t.arguments)) for t in reply.tool_calls] == [("get_weather", {"city": "Paris"})]
+        assert reply.content == "" and reply.tool_calls[0].id == ("abcdefghi" if name == "mistral" else "")
+
+
 @pytest.mark.skipif(ON_GPU, reason="greedy text compared token for token with the CPU's llama-server")
 def test_forced_calls_parse_as_llama_server_parses_them(templated):
     """tool_choice "required" forces a call through the format's grammar (after any text
