@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from typing import List, Tuple
 
 from . import _core
-from ._options import SamplingParams, _to_core
+from ._options import SamplingParams
 
 __all__ = ["new_tool_call_id", "render_with_tools"]
 
@@ -44,7 +44,7 @@ def render_with_tools(model: _core.Model, prompt: object, sp: SamplingParams, wh
     which C and R reach too): the calls' grammar (for ``required`` or a named function, and
     the generic format), the parser of the output, and the template's extra stop strings."""
     try:
-        return _core.render_tools(model, _messages_json(prompt, where), _to_core(sp))
+        return _core.render_tools(model, _messages_json(prompt, where), sp._params)  # returns a copy
     except ValueError as e:
         raise ValueError(f"{where}: {e}") from None
 
