@@ -112,14 +112,16 @@ def test_quantized_batched_equals_alone(model):
 
 
 def test_perplexity_cost(ppl):
-    # Measured on the CPU build with the default model (SmolLM2-135M Q4_1): f16 25.292,
-    # q8_0 25.401 (+0.43 %), q4_0 26.403 (+4.4 %); bf16 25.412 (+0.48 %), f32 = f16. The
-    # bounds: the 1 % for q8_0; 10 % for q4_0, over twice its measured cost. On a
-    # GPU the kernels round differently, so the values move a little; the test checks the
-    # same relative bounds there, not the CPU's numbers.
+    # Measured on the CPU build with the default model (SmolLM2-135M Q4_1), 631 tokens:
+    # an AVX2 CPU f16 25.292, q8_0 25.401 (+0.43 %), q4_0 26.403 (+4.4 %), bf16 25.412
+    # (+0.48 %), f32 = f16; an AVX-512 one f16 25.461, q8_0 25.170 (-1.14 %), q4_0 26.882
+    # (+5.6 %). A text this short moves by about 1 % with the kernels' rounding (q8_0's fall
+    # is no gain), so the bounds are on the cost, a rise: the 1 % for q8_0, 10 % for
+    # q4_0 (over its measured cost); any change in either direction stays within 3 % / 15 %.
+    # On a GPU the kernels round differently again: the same relative bounds, not these numbers.
     f16, q8, q4 = ppl("f16"), ppl("q8_0"), ppl("q4_0")
-    assert abs(q8 / f16 - 1) < 0.01, (f16, q8)
-    assert abs(q4 / f16 - 1) < 0.10, (f16, q4)
+    assert q8 / f16 - 1 < 0.01 and abs(q8 / f16 - 1) < 0.03, (f16, q8)
+    assert q4 / f16 - 1 < 0.10 and abs(q4 / f16 - 1) < 0.15, (f16, q4)
 
 
 @pytest.mark.parametrize("keyword", ["type_k", "type_v"])

@@ -194,9 +194,12 @@ def test_each_format_reads_a_call_written_in_it(templated):
 def test_forced_calls_parse_as_llama_server_parses_them(templated):
     """tool_choice "required" forces a call through the format's grammar (after any text
     the format allows first); the text and the parsed calls equal llama-server's (--jinja,
-    the same model and request, greedy). Hermes and Llama 3.x write a call after the shots;
-    the 135M model never writes Mistral's [TOOL_CALLS] marker here, so for that format the
-    equal text holds no call."""
+    the same model and request, greedy). With Hermes' format the 135M model writes a call
+    after the shots. Llama 3.x's and Mistral's grammars let text come first, and there it
+    may write text: it never writes Mistral's [TOOL_CALLS] marker, and whether it writes a
+    Llama 3.x call depends on the CPU's rounding (a call on an AVX2 CPU, text on an
+    AVX-512 one, where llama-server writes the same text). So for those two formats the
+    check is the equality; test_each_format_reads_a_call_written_in_it reads their calls."""
     name, model = templated
     ctx = fastpar.Context(model, n_parallel=2, n_ctx_per_seq=4096, n_threads=2)
     body = {"messages": shots(), "tools": [WEATHER], "tool_choice": "required", "max_tokens": 60, "temperature": 0}
@@ -208,7 +211,7 @@ def test_forced_calls_parse_as_llama_server_parses_them(templated):
     assert [(t.name, t.arguments) for t in c.tool_calls] == calls
     assert c.finish_reason == theirs["finish_reason"]
     assert (c.text or None) == (theirs["message"]["content"] or None)
-    if name != "mistral":
+    if name == "hermes":
         assert c.finish_reason == "tool_calls" and calls and calls[0][0] == "get_weather"
 
 
