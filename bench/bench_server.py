@@ -16,7 +16,8 @@ the in-process Engine has the server's default cache. Each measurement is the me
 Workloads (CPU): W1 the speed model (Qwen3-0.6B shape, Q4_K_M), 8 users, 32-token prompts,
 50 new tokens; W4 the default model, 400 requests of 64 tokens, 4 new; chat the default
 model, chat messages of mixed lengths (16-400 tokens) and answers (8-96 tokens), 8 users.
---gpu: every layer on the GPU, the speed model with 64 and 256 users (as many slots).
+--gpu: every layer on the GPU, the speed model with 64 and 256 users (as many slots), and
+with --workloads mixed also 256 users whose answers are 10-90 tokens long (mean 50).
 
 While a load runs, a thread of the bench GETs each server's /health every 50 ms (a new
 connection each time, as a load balancer's probe): its latency, p50 and p99, is how long
@@ -296,6 +297,13 @@ def workloads(names: list, default_model, speed: fastpar.Model, gpu: bool, reps:
     if gpu:
         for users in (64, 256):
             out.append((f"G-np{users}", speed.path, users, per_rep(speed, users * 4, 32, 50), 32 + 50 + 8))
+        if "mixed" in names:  # the same prompts, answers of 10-90 tokens (mean 50): slots refill apart
+            runs = per_rep(speed, 256 * 4, 32, 50)
+            for r, reqs in enumerate(runs):
+                rng = random.Random(5 + 1000 * r)
+                for req in reqs:
+                    req["gen"] = rng.randint(10, 90)
+            out.append(("G-mixed256", speed.path, 256, runs, 32 + 90 + 8))
         return out
     if "W1" in names:
         out.append(("W1", speed.path, 8, per_rep(speed, 40, 32, 50), 32 + 50 + 8))
@@ -339,11 +347,13 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--speed-type", default="Q4_K_M", help="the speed model's type: Q4_K_M (default) or F16")
     ap.add_argument("--llama-settings", default=",".join(LLAMA_SERVER_SETTINGS),
-                    help=f"llama-server settings to try, of {', '.join(LLAMA_SERVER_SETTINGS)}")
+                    help=f"llama-server settings to try, of {', '.join(LLAMA_SERVER_SETTINGS)}; none: fastpar alone")
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--client-procs", type=int, default=None,
                     help="client processes sharing the users (default: users // 32, at most a quarter of the cores, "
                          "at least 1)")
+    ap.add_argument("--kv-unified", action="store_true",
+                    help="also fastpar serve --kv-unified (one KV buffer for all slots)")
     ap.add_argument("--out", default=None, help="the result file (default bench/results/<machine>-server.md)")
     args = ap.parse_args()
     bench_run.Target.gpu = args.gpu
@@ -371,6 +381,8 @@ def main() -> int:
         failed: dict = {}
         servers = {"fastpar serve": fastpar_server(path, users, n_ctx, args.threads),
                    FASTPAR_CACHE_OFF: fastpar_server(path, users, n_ctx, args.threads, ["--prefix-cache-mib", "0"])}
+        if args.kv_unified:
+            servers["fastpar serve --kv-unified"] = fastpar_server(path, users, n_ctx, args.threads, ["--kv-unified"])
         for setting, extra in LLAMA_SERVER_SETTINGS.items():
             if setting in args.llama_settings.split(","):
                 servers[f"llama-server {setting}"] = llama_server(tools["llama-server"], path, users, n_ctx,
@@ -422,13 +434,14 @@ def main() -> int:
                 summary[who].update(health_p50=percentile(ok, 0.5) if ok else None,
                                     health_p99=percentile(ok, 0.99) if ok else None,
                                     health_failed=len(probes) - len(ok), health_n=len(probes))
-        best_llama = max((w for w in summary if w.startswith("llama-server")), key=lambda w: summary[w]["gen_s"])
+        llamas = [w for w in summary if w.startswith("llama-server")]  # none with --llama-settings none
+        best_llama = max(llamas, key=lambda w: summary[w]["gen_s"]) if llamas else None
         if name in LOCKSTEP:
             summary[RAW] = lockstep_ceiling(tools, path, users, LOCKSTEP[name], args.reps, args.threads)
-        best_all = summary[best_llama]["all"]
+        best_all = summary[best_llama]["all"] if best_llama else []
         for who, s in summary.items():  # the ceiling runs apart from the servers: not paired
             s["paired"] = paired(s["all"], best_all) if who != RAW and len(s["all"]) == len(best_all) else None
-            rows.append((name, users, n_reqs, who, s, s["gen_s"] / summary[best_llama]["gen_s"],
+            rows.append((name, users, n_reqs, who, s, s["gen_s"] / summary[best_llama]["gen_s"] if best_llama else None,
                          paired(summary["fastpar serve"]["all"], summary["Engine in-process"]["all"])
                          if who == "fastpar serve" else None, who == best_llama))
     load_after = os.getloadavg()
@@ -436,9 +449,11 @@ def main() -> int:
     machine = (f"GPU {bench_run.gpu_name()}" if args.gpu
                else f"CPU {platform.machine()}, {os.cpu_count()} cores, {args.threads} threads")
     lines = [f"# fastpar serve against llama-server ({'GPU' if args.gpu else 'CPU'})", "",
-             f"`python bench/bench_server.py{' --gpu' if args.gpu else f' --workloads {args.workloads}'} "
+             f"`python bench/bench_server.py{' --gpu' if args.gpu else ''}"
+             f"{f' --workloads {args.workloads}' if not args.gpu or 'mixed' in args.workloads else ''} "
              f"--reps {args.reps} --speed-type {args.speed_type} --llama-settings {args.llama_settings}"
-             f"{f' --client-procs {args.client_procs}' if args.client_procs else ''}`; "
+             f"{f' --client-procs {args.client_procs}' if args.client_procs else ''}"
+             f"{' --kv-unified' if args.kv_unified else ''}`; "
              f"fastpar {fastpar.__version__}, {machine}; "
              f"{time.strftime('%Y-%m-%d')}. Load average before {load_before[0]:.1f}, after {load_after[0]:.1f} "
              f"(other processes shared the machine when it is above the core count).", "",
@@ -467,7 +482,7 @@ def main() -> int:
         if s.get("health_failed"):
             notes.append(f"{name}: {who}: {s['health_failed']} of {s['health_n']} /health probes failed")
         lines.append(f"| {name} | {users} | {n_req} | {who}{' *' if best else ''} | {s['gen_s']:.1f} | "
-                     f"{s['tot_s']:.1f} {ttft}{health} {ratio:.2f} | "
+                     f"{s['tot_s']:.1f} {ttft}{health} {'' if ratio is None else f'{ratio:.2f}'} | "
                      f"{'' if s.get('paired') is None else format(s['paired'], '.2f')} | "
                      f"{'' if http_ratio is None else f'{http_ratio:.2f}'} | "
                      f"{', '.join(f'{x:.1f}' for x in s['all'])} |")

@@ -5,10 +5,12 @@
 greedy: every prompt generating the same number of tokens (a lockstep load), then each
 generating a length of its own (slots refilled as outputs end, so most steps mix prompt
 chunks with generated tokens) with the context's step policy and with one rule changed at
-a time. The lengths are those the prompts' JSON-schema outputs have (one constrained call
-first), the lockstep length their mean, so both loads generate about the same tokens.
-Each is run --reps times on one context; the wall times, llama_decode calls and padding
-tokens of the call are printed, and written as JSON with --out.
+a time; then both loads again on a second context with one KV buffer for all slots
+(kv_unified=True, where llama.cpp runs a step as one pass instead of one per run of slots
+with equal chunks). The lengths are those the prompts' JSON-schema outputs have (one
+constrained call first), the lockstep length their mean, so both loads generate about the
+same tokens. The loads take turns, --reps rounds; the wall times, generated tokens/s (wall
+clock), llama_decode calls and padding tokens are printed, and written as JSON with --out.
 
     python bench/bench_step_rules.py --model SPEED_MODEL.gguf [--out FILE]   # every layer on the GPU
 """
@@ -49,42 +51,51 @@ def main() -> int:
 
     model = fastpar.Model(args.model, n_gpu_layers=args.n_gpu_layers)
     ctx = fastpar.Context(model, n_parallel=args.slots, n_ctx_per_seq=512)
+    unified = fastpar.Context(model, n_parallel=args.slots, n_ctx_per_seq=512, kv_unified=True)
     texts = [ticket_text(i) for i in range(args.prompts)]
     constrained = params(96, ignore_eos=False)
     constrained.json_schema = json.dumps(SCHEMA)
-    ctx._ctx.generate(prompts(args.slots), [params(96)], None)  # warm-up
+    for c in (ctx, unified):  # warm-up
+        c._ctx.generate(prompts(args.slots), [params(96)], None)
     lengths = [max(1, c.n_gen_tokens) for c in ctx._ctx.generate(prompts(args.prompts), [constrained], None)]
     mean = round(sum(lengths) / len(lengths))
     each = [params(n) for n in lengths]
 
-    def policy(**changes):
-        p = _testing.resolve_step_policy(output_on_gpu=True, kv_unified=False, memory_copies_by_position=True,
+    def policy(kv_unified=False, **changes):
+        p = _testing.resolve_step_policy(output_on_gpu=True, kv_unified=kv_unified, memory_copies_by_position=True,
                                          share_prefixes=True, n_parallel=args.slots, n_threads=ctx.n_threads)
         for name, value in changes.items():
             setattr(p, name, value)
         return p
 
     loads = [
-        ("lockstep, the mean length", [params(mean)], policy()),
-        ("own lengths", each, policy()),
-        ("own lengths, no padding", each, policy(max_padded_gap=0)),
-        ("own lengths, every gap padded", each, policy(max_padded_gap=1 << 30)),
-        ("own lengths, no last-token rule", each, policy(last_prompt_token_alone=False)),
-        ("own lengths, no prompts-first steps", each, policy(prompts_first=False)),
+        ("lockstep, the mean length", ctx, [params(mean)], policy()),
+        ("own lengths", ctx, each, policy()),
+        ("own lengths, no padding", ctx, each, policy(max_padded_gap=0)),
+        ("own lengths, every gap padded", ctx, each, policy(max_padded_gap=1 << 30)),
+        ("own lengths, no last-token rule", ctx, each, policy(last_prompt_token_alone=False)),
+        ("own lengths, no prompts-first steps", ctx, each, policy(prompts_first=False)),
+        ("kv_unified: lockstep, the mean length", unified, [params(mean)], policy(kv_unified=True)),
+        ("kv_unified: own lengths", unified, each, policy(kv_unified=True)),
     ]
     results = {"what": "outputs of different lengths under each GPU step rule",
                "machine": f"{platform.machine()}, {os.cpu_count()} cores",
                "model": os.path.basename(args.model), "prompts": args.prompts, "slots": args.slots,
                "mean_length": mean, "gen_tokens": sum(lengths), "loads": []}
-    for name, p, pol in loads:
-        walls = []
-        for _ in range(args.reps):
+    walls: dict = {name: [] for name, *_ in loads}
+    last: dict = {}
+    for rep in range(args.reps):
+        for name, c, p, pol in loads:
             t0 = time.perf_counter()
-            _testing.generate_with_policy(ctx._ctx, texts, p, pol)
-            walls.append(round(time.perf_counter() - t0, 2))
-        s = ctx.last_stats
-        row = {"load": name, "wall_s": walls, "median_wall_s": statistics.median(walls),
-               "decode_calls": s.n_decode_calls, "padding_tokens": s.n_padding_tokens, "gen_tokens": s.n_gen_tokens}
+            _testing.generate_with_policy(c._ctx, texts, p, pol)
+            walls[name].append(round(time.perf_counter() - t0, 2))
+            last[name] = c.last_stats
+            print(json.dumps({"rep": rep, "load": name, "wall_s": walls[name][-1]}), flush=True)
+    for name, *_ in loads:
+        s, wall = last[name], statistics.median(walls[name])
+        row = {"load": name, "wall_s": walls[name], "median_wall_s": wall,
+               "gen_tok_s": round(s.n_gen_tokens / wall, 1), "decode_calls": s.n_decode_calls,
+               "padding_tokens": s.n_padding_tokens, "gen_tokens": s.n_gen_tokens}
         results["loads"].append(row)
         print(json.dumps(row), flush=True)
     if args.out:

@@ -77,7 +77,7 @@ def test_serve_and_run_share_their_defaults():
     serve = _parse(["serve"])
     run = _parse(["run", "in.jsonl", "-o", "out.jsonl"])
     for option in ("n_ctx_per_seq", "n_parallel", "n_gpu_layers", "n_threads", "model", "model_name", "type_k",
-                   "type_v"):
+                   "type_v", "kv_unified"):
         assert getattr(serve, option) == getattr(run, option), option
     assert serve.n_ctx_per_seq == N_CTX_PER_SEQ == 4096
 
@@ -130,8 +130,8 @@ def test_run_checks_its_options_before_it_loads(monkeypatch, capsys, tmp_path, a
 
 
 def test_kv_cache_types_reach_the_engine_and_the_context(monkeypatch, tmp_path):
-    # serve: --type-k/--type-v go through serve() to the Engine; run: to the Context. Given
-    # neither, the library's default stands (no keyword is passed).
+    # serve: --type-k/--type-v/--kv-unified go through serve() to the Engine; run: to the
+    # Context. Given none, the library's default stands (no keyword is passed).
     import uvicorn
 
     import fastpar.server.service as service
@@ -152,10 +152,11 @@ def test_kv_cache_types_reach_the_engine_and_the_context(monkeypatch, tmp_path):
     monkeypatch.setattr(service, "Engine", FakeEngine)
     monkeypatch.setattr(fastpar, "Model", lambda *a, **k: None)
     monkeypatch.setattr(uvicorn.Server, "run", started)
-    assert main(["serve", "--type-k", "q8_0", "--type-v", "q4_0"]) == 0
+    assert main(["serve", "--type-k", "q8_0", "--type-v", "q4_0", "--kv-unified"]) == 0
     assert main(["serve"]) == 0
     assert main(["serve", "--prefix-cache-mib", "0"]) == 0
     assert [(e.get("type_k"), e.get("type_v")) for e in engines] == [("q8_0", "q4_0"), (None, None), (None, None)]
+    assert [e.get("kv_unified") for e in engines] == [True, None, None]
     # The server keeps a prefix cache unless told not to (docs/server.md); run and the
     # library do not (below).
     assert [e.get("prefix_cache_mib") for e in engines] == [-1, -1, 0]
@@ -170,5 +171,7 @@ def test_kv_cache_types_reach_the_engine_and_the_context(monkeypatch, tmp_path):
     src = tmp_path / "in.jsonl"
     src.write_text("")
     assert main(["run", str(src), "-o", str(tmp_path / "out.jsonl"), "--model", str(src), "--type-k", "q8_0"]) == 1
-    assert contexts[0]["type_k"] == "q8_0" and "type_v" not in contexts[0]
+    assert contexts[0]["type_k"] == "q8_0" and "type_v" not in contexts[0] and "kv_unified" not in contexts[0]
+    assert main(["run", str(src), "-o", str(tmp_path / "out.jsonl"), "--model", str(src), "--kv-unified"]) == 1
+    assert contexts[1]["kv_unified"] is True
     assert "prefix_cache_mib" not in contexts[0]

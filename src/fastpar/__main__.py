@@ -33,17 +33,18 @@ def _check_engine_options(args: argparse.Namespace) -> None:
     if args.model is not None and not os.path.isfile(args.model):
         raise _CommandError(f"no such model file: {args.model}")
     _model_params(args.n_gpu_layers, True)
-    _context_params(args.n_parallel, args.n_ctx_per_seq, None, args.n_threads, _CONTEXT_DEFAULTS.kv_unified,
-                    **_kv_types(args))
+    options = _kv_types(args)
+    _context_params(args.n_parallel, args.n_ctx_per_seq, None, args.n_threads,
+                    options.pop("kv_unified", _CONTEXT_DEFAULTS.kv_unified), **options)
     if getattr(args, "max_queued", None) is not None:
         _max_queued(args.max_queued)
 
 
 def _kv_types(args: argparse.Namespace) -> Dict[str, object]:
-    """The context options of the command line (--type-k, --type-v, --prefix-cache-mib,
-    --prefix-cache-dir; serve's --embeddings and --pooling) as the library's keywords: those
-    given (else its defaults)."""
-    names = ("type_k", "type_v", "prefix_cache_mib", "prefix_cache_dir", "embeddings", "pooling")
+    """The context options of the command line (--type-k, --type-v, --kv-unified,
+    --prefix-cache-mib, --prefix-cache-dir; serve's --embeddings and --pooling) as the
+    library's keywords: those given (else its defaults)."""
+    names = ("type_k", "type_v", "kv_unified", "prefix_cache_mib", "prefix_cache_dir", "embeddings", "pooling")
     return {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
 
 
@@ -158,6 +159,9 @@ def _engine_options(p: argparse.ArgumentParser, prefix_cache_mib: Optional[int])
         p.add_argument(f"--type-{which}", default=None, metavar="TYPE",
                        help=f"the KV cache's {which.upper()} type: f16 (default), bf16, f32, q8_0 or q4_0; "
                             "q8_0 holds about 1.9x the positions in the same memory (docs/performance.md)")
+    p.add_argument("--kv-unified", action="store_true", default=None,
+                   help="one KV buffer for all slots (Context's kv_unified): on a GPU, outputs of different "
+                        "lengths run faster with it, a lockstep load slower (docs/performance.md); off by default")
     p.add_argument("--prefix-cache-mib", type=int, default=prefix_cache_mib, metavar="MIB",
                    help="host memory for the prefix cache, which keeps finished requests' KV so that a "
                         "later request with the same start (a chat's next turn) decodes only the rest; "

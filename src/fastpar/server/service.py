@@ -25,6 +25,7 @@ _SEND_GRACE_S = 5.0
 def serve(model: Optional[str] = None, *, host: str = "127.0.0.1", port: int = 8000, n_parallel: int = 8,
           n_ctx_per_seq: int = N_CTX_PER_SEQ, n_gpu_layers: int = 0, n_threads: Optional[int] = None,
           max_queued: int = 1024, type_k: Optional[str] = None, type_v: Optional[str] = None,
+          kv_unified: Optional[bool] = None,
           prefix_cache_mib: Optional[int] = SERVE_PREFIX_CACHE_MIB, prefix_cache_dir: Optional[str] = None,
           embeddings: bool = False, pooling: Optional[str] = None, limits: Optional[Limits] = None,
           api_key: Optional[str] = None, model_name: Optional[str] = None,
@@ -34,7 +35,8 @@ def serve(model: Optional[str] = None, *, host: str = "127.0.0.1", port: int = 8
     error event) and close the engine; returns 0, or 1 if the model failed to load.
     ``model``: a GGUF path (default: the default model, fetched on first use). The model
     loads once the port is open; ``/health`` answers 503 until it has. ``type_k`` and
-    ``type_v`` are the KV cache's types (``fastpar.Context``; None: its default),
+    ``type_v`` are the KV cache's types and ``kv_unified`` its layout (``fastpar.Context``;
+    None: its default),
     ``prefix_cache_mib`` the prefix cache's host memory (default -1: on, unlike the library's
     ``Context``; 0: off) and ``prefix_cache_dir`` its folder across restarts. ``embeddings``
     serves ``/v1/embeddings`` instead of generation, pooling by ``pooling`` (None: the model's
@@ -75,7 +77,7 @@ def serve(model: Optional[str] = None, *, host: str = "127.0.0.1", port: int = 8
         try:
             path = model if model is not None else fastpar.default_model_path()
             m = fastpar.Model(path, n_gpu_layers=n_gpu_layers)
-            kv_types = {k: v for k, v in (("type_k", type_k), ("type_v", type_v),
+            kv_types = {k: v for k, v in (("type_k", type_k), ("type_v", type_v), ("kv_unified", kv_unified),
                                           ("prefix_cache_mib", prefix_cache_mib),
                                           ("prefix_cache_dir", prefix_cache_dir)) if v is not None}
             return Engine(m, n_parallel=n_parallel, n_ctx_per_seq=n_ctx_per_seq, n_threads=n_threads,
