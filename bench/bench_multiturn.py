@@ -17,6 +17,7 @@ Servers, each with --parallel slots (default: one per user), --threads threads a
 context per slot that holds a whole conversation (at least 4096):
   * fastpar serve --prefix-cache-mib -1 (prefix cache on, auto budget: the server's default);
   * fastpar serve --prefix-cache-mib 0 (prefix cache off);
+  * with --kv-unified, fastpar serve --prefix-cache-mib -1 --kv-unified (one KV buffer);
   * llama-server at its defaults (cache_prompt on, --cache-ram 8192 MiB) and at each other
     setting of LLAMA_SETTINGS; the fastest of these by generated tokens/s is "best".
 Each server is started afresh for every run (no cache survives from an earlier run) and
@@ -123,6 +124,8 @@ def main() -> int:
     ap.add_argument("--gpu", action="store_true", help="a CUDA build, every layer on the GPU")
     ap.add_argument("--llama-settings", default=",".join(LLAMA_SETTINGS),
                     help=f"llama-server settings to try, of: {', '.join(LLAMA_SETTINGS)} (comma-separated)")
+    ap.add_argument("--kv-unified", action="store_true",
+                    help="also fastpar serve with its prefix cache on and one KV buffer for all slots")
     ap.add_argument("--out", default=None, help="also write the markdown table to this file")
     args = ap.parse_args()
     n_par = args.parallel or args.users
@@ -143,6 +146,9 @@ def main() -> int:
                                                                ["--prefix-cache-mib", "-1"]),
                FASTPAR_OFF: lambda: bench_server.fastpar_server(path, n_par, n_ctx, args.threads,
                                                                 ["--prefix-cache-mib", "0"])}
+    if args.kv_unified:
+        servers[f"{FASTPAR_ON} --kv-unified"] = lambda: bench_server.fastpar_server(
+            path, n_par, n_ctx, args.threads, ["--prefix-cache-mib", "-1", "--kv-unified"])
     for s in settings:
         servers[f"llama-server {' '.join(LLAMA_SETTINGS[s]) or s}"] = (lambda s=s: bench_server.llama_server(
             llama_bin, path, n_par, n_ctx, args.threads, ["--metrics", *LLAMA_SETTINGS[s]]))
