@@ -269,3 +269,20 @@ def test_fastpar_run_answers_embedding_lines(model, tmp_path):
                            timeout=300)
     assert "1 answered, 1 failed, 6 already in" in again.stderr.splitlines()[-1], again.stderr
     assert _records(out)["gen"]["response"]["status_code"] == 200
+
+
+def test_a_text_longer_than_a_step_embeds_in_a_step_of_its_own(model):
+    # A CPU step packs texts up to 512 tokens (llama.cpp's physical batch there: attention
+    # spans a step's tokens, so larger steps cost more); a longer text, up to n_batch, takes
+    # a step of its own. A GPU step packs up to 2048, so there all four share one step.
+    long_text = " ".join(f"word{i % 50}" for i in range(300))
+    texts = [TEXTS[0], long_text, TEXTS[1], TEXTS[2]]
+    assert 512 < len(model.tokenize(long_text)) <= 1024
+    ctx = fastpar.Context(model, n_parallel=4, n_ctx_per_seq=1024, embeddings=True)
+    assert ctx.n_batch == 1024
+    got = fastpar.embed(ctx, texts)
+    assert got.errors == {}
+    assert ctx.last_stats.n_decode_calls == (1 if ON_GPU else 2)
+    alone = np.stack([fastpar.embed(ctx, [t])[0] for t in texts])
+    assert cosine(got, alone).min() >= COS_SHAPES
+    assert_empty(ctx)

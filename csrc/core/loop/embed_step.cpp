@@ -67,12 +67,17 @@ void Scheduler::step_embeddings() {
             ready.push_back(s.get());
         }
     }
-    // Oldest first, so a long text is never passed over for good; younger ones fill the rest.
+    // Oldest first, so a long text is never passed over for good; younger ones fill the rest
+    // of the step's tokens (embed_step_tokens_, or the oldest text's own length if more).
     std::sort(ready.begin(), ready.end(), [](const Slot * a, const Slot * b) { return a->order < b->order; });
     std::vector<Slot *> group;
+    size_t budget = static_cast<size_t>(embed_step_tokens_);
+    if (!ready.empty()) {
+        budget = std::max(budget, ready.front()->prompt.size());
+    }
     size_t n = 0;
     for (Slot * s : ready) {
-        if (n + s->prompt.size() <= static_cast<size_t>(n_batch_)) {
+        if (n + s->prompt.size() <= budget) {
             group.push_back(s);
             n += s->prompt.size();
         }

@@ -94,6 +94,7 @@ Scheduler::Scheduler(const Model & model, llama_context * ctx, llama_batch & bat
     }
     embeddings_ = options.embeddings;
     embedding_size_ = options.embedding_size;
+    embed_step_tokens_ = options.embed_step_tokens > 0 ? std::min(options.embed_step_tokens, n_batch_) : n_batch_;
     plan_inputs_.resize(n_parallel);
     plan_.slots.reserve(n_parallel);
     if (policy_.share_prefixes || policy_.share_samples) {

@@ -90,6 +90,11 @@ struct SchedulerOptions {
     bool embeddings = false;
     // The floats of each text's pooled vector (Context::embedding_size).
     int32_t embedding_size = 0;
+    // Tokens an embeddings step packs texts up to (0: n_batch); the oldest text, when longer,
+    // sets it for its step. A step's texts attend over all its tokens (masked), so attention
+    // grows with the step's size while its matrix products gain nothing past the device's
+    // physical batch (Context: max_ubatch; docs/internals.md, "Embeddings").
+    int32_t embed_step_tokens = 0;
 };
 
 struct Slot;  // slot.hpp
@@ -172,6 +177,7 @@ private:
     int32_t decode_waits_ = 0;     // steps in a row the decoding slots have waited
     bool embeddings_ = false;      // SchedulerOptions::embeddings
     int32_t embedding_size_ = 0;   // SchedulerOptions::embedding_size
+    int32_t embed_step_tokens_ = 0;  // SchedulerOptions::embed_step_tokens, resolved
     uint64_t n_admitted_ = 0;      // requests admitted so far: each slot's Slot::order
 };
 
