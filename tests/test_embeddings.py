@@ -272,9 +272,9 @@ def test_fastpar_run_answers_embedding_lines(model, tmp_path):
 
 
 def test_a_text_longer_than_a_step_embeds_in_a_step_of_its_own(model):
-    # A CPU step packs texts up to 512 tokens (llama.cpp's physical batch there: attention
-    # spans a step's tokens, so larger steps cost more); a longer text, up to n_batch, takes
-    # a step of its own. A GPU step packs up to 2048, so there all four share one step.
+    # A CPU step packs texts up to 512 tokens (attention spans a step's tokens, so larger
+    # steps cost more); a longer text, up to n_batch, takes a step of its own. A GPU step
+    # packs up to 1,024, so there all four (about 890 tokens) share one step.
     long_text = " ".join(f"word{i % 50}" for i in range(300))
     texts = [TEXTS[0], long_text, TEXTS[1], TEXTS[2]]
     assert 512 < len(model.tokenize(long_text)) <= 1024

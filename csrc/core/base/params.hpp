@@ -28,6 +28,12 @@ constexpr int32_t kAutoDeviceSamplingSlots = 8;
 // ones take less (docs/performance.md, "Physical batch").
 constexpr int32_t kCpuBatch = 512;
 constexpr int32_t kGpuBatch = 2048;
+// Tokens an embeddings step packs texts up to (SchedulerOptions::embed_step_tokens): a step's
+// tokens all attend to one another, masked, so attention grows with the step while its matrix
+// products gain little past this. On bge-small's shape 512 was fastest on a 2-core CPU (1.2x
+// of 2,048), 512 and 1,024 alike on an H200 (1.30x of 2,048; 256: 0.74x): docs/internals.md.
+constexpr int32_t kCpuEmbedStep = 512;
+constexpr int32_t kGpuEmbedStep = 1024;
 
 struct ContextParams {
     int32_t n_parallel = 8;        // slots: prompts decoded together (seq_id 0..n_parallel-1), 1..256

@@ -408,7 +408,7 @@ void Context::with_scheduler(Stats & stats, const StepPolicy & policy, const std
     options.cache = cache_.get();
     options.embeddings = params_.embeddings;
     options.embedding_size = embedding_size();
-    options.embed_step_tokens = max_ubatch(*model_);
+    options.embed_step_tokens = model_->on_gpu() ? kGpuEmbedStep : kCpuEmbedStep;
     Scheduler scheduler(*model_, ctx_, batch_, options, stats);
     try {
         body(scheduler);

@@ -92,8 +92,7 @@ struct SchedulerOptions {
     int32_t embedding_size = 0;
     // Tokens an embeddings step packs texts up to (0: n_batch); the oldest text, when longer,
     // sets it for its step. A step's texts attend over all its tokens (masked), so attention
-    // grows with the step's size while its matrix products gain nothing past the device's
-    // physical batch (Context: max_ubatch; docs/internals.md, "Embeddings").
+    // grows with the step's size (params.hpp: kCpuEmbedStep, kGpuEmbedStep).
     int32_t embed_step_tokens = 0;
 };
 
