@@ -30,7 +30,7 @@ constexpr int32_t kCpuBatch = 512;
 constexpr int32_t kGpuBatch = 2048;
 // Tokens an embeddings step packs texts up to (SchedulerOptions::embed_step_tokens): a step's
 // tokens all attend to one another, masked, so attention grows with the step while its matrix
-// products gain little past this. On bge-small's shape 512 was fastest on a 2-core CPU (1.2x
+// products gain little past this. On bge-small's shape 512 was fastest on a 2-core CPU (1.3x
 // of 2,048), 512 and 1,024 alike on an H200 (1.30x of 2,048; 256: 0.74x): docs/internals.md.
 constexpr int32_t kCpuEmbedStep = 512;
 constexpr int32_t kGpuEmbedStep = 1024;
