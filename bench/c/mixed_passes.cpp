@@ -14,8 +14,10 @@
 // llama.cpp makes of it. "gen": every slot one token with logits; "+ K chunks": K slots
 // add a prompt chunk of `chunk` tokens (no logits) instead, spread over the slots
 // ("scattered", as refilled slots are) or side by side ("adjacent", equal or different
-// lengths); "alone": the chunks without the generating slots. Last, "gen, advancing":
-// generation steps that keep their tokens, as a steady lockstep load makes them.
+// lengths); "alone": the chunks without the generating slots; "taking turns": two steps of
+// the same shape over other sequences, alternately, so that llama.cpp cannot reuse the last
+// step's graph (what a load whose slots refill at different times pays every step). Last,
+// "gen, advancing": generation steps that keep their tokens, as a steady lockstep load makes them.
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -83,9 +85,9 @@ int main(int argc, char ** argv) {
     const int chunk = argc > 5 ? std::max(1, std::atoi(argv[5])) : 32;
     const int context = argc > 6 ? std::max(1, std::atoi(argv[6])) : 96;
     const int n_ctx_per_seq = 512, n_batch = 2048;
-    if (context + reps + 2 + chunk + 16 > n_ctx_per_seq || n_slots + 16 * chunk > n_batch) {
-        std::fprintf(stderr, "context, reps, chunk or slots too large for %d cells a slot and %d-token batches\n",
-                     n_ctx_per_seq, n_batch);
+    if (context + reps + 2 + chunk + 16 > n_ctx_per_seq || n_slots + 16 * chunk > n_batch || n_slots < 32) {
+        std::fprintf(stderr, "context, reps, chunk or slots too large for %d cells a slot and %d-token batches, "
+                     "or fewer than 32 slots (16 chunks side by side in the upper half)\n", n_ctx_per_seq, n_batch);
         return 2;
     }
 
@@ -178,30 +180,45 @@ int main(int argc, char ** argv) {
         return v;
     };
 
-    std::vector<std::pair<std::string, std::vector<Add>>> kinds = {
-        {"gen", gen_with({}, {}, true)},
+    // A kind is one step, or steps that take turns (their sequences differ, so llama.cpp
+    // cannot reuse the last step's graph, as in a load whose slots refill at different times).
+    std::vector<std::pair<std::string, std::vector<std::vector<Add>>>> kinds = {
+        {"gen", {gen_with({}, {}, true)}},
     };
     for (int k : {1, 2, 4, 8, 16}) {
-        kinds.push_back({"gen + " + std::to_string(k) + " chunks, scattered", gen_with(scattered(k), same(k), true)});
+        kinds.push_back({"gen + " + std::to_string(k) + " chunks, scattered", {gen_with(scattered(k), same(k), true)}});
     }
-    kinds.push_back({"gen + 4 chunks, adjacent", gen_with(adjacent(4), same(4), true)});
-    kinds.push_back({"gen + 4 chunks, adjacent, lengths differ", gen_with(adjacent(4), rising(4), true)});
-    kinds.push_back({"gen + 16 chunks, adjacent", gen_with(adjacent(16), same(16), true)});
-    kinds.push_back({"1 chunk alone", gen_with(scattered(1), same(1), false)});
-    kinds.push_back({"4 chunks alone, scattered", gen_with(scattered(4), same(4), false)});
-    kinds.push_back({"4 chunks alone, adjacent", gen_with(adjacent(4), same(4), false)});
-    kinds.push_back({"16 chunks alone, adjacent", gen_with(adjacent(16), same(16), false)});
+    kinds.push_back({"gen + 4 chunks, adjacent", {gen_with(adjacent(4), same(4), true)}});
+    kinds.push_back({"gen + 4 chunks, adjacent, lengths differ", {gen_with(adjacent(4), rising(4), true)}});
+    kinds.push_back({"gen + 16 chunks, adjacent", {gen_with(adjacent(16), same(16), true)}});
+    kinds.push_back({"1 chunk alone", {gen_with(scattered(1), same(1), false)}});
+    kinds.push_back({"4 chunks alone, scattered", {gen_with(scattered(4), same(4), false)}});
+    kinds.push_back({"4 chunks alone, adjacent", {gen_with(adjacent(4), same(4), false)}});
+    kinds.push_back({"16 chunks alone, adjacent", {gen_with(adjacent(16), same(16), false)}});
+    {
+        // All slots but the last, then all but the first: one pass each, other sequences.
+        std::vector<Add> all = gen_with({}, {}, true);
+        kinds.push_back({"gen less one slot, taking turns", {std::vector<Add>(all.begin(), all.end() - 1),
+                                                              std::vector<Add>(all.begin() + 1, all.end())}});
+        std::vector<int> shifted = scattered(4);
+        for (int & s : shifted) {
+            s += 1;
+        }
+        kinds.push_back({"gen + 4 chunks, scattered, taking turns",
+                         {gen_with(scattered(4), same(4), true), gen_with(shifted, same(4), true)}});
+    }
 
     std::printf("%s: %d slots, %d tokens of context each, chunks of %d tokens, median of %d, ms\n", argv[1], n_slots,
                 context, chunk, reps);
     std::printf("%-44s %7s %7s %9s\n", "step", "tokens", "passes", "ms");
-    for (const auto & [name, adds] : kinds) {
+    for (const auto & [name, variants] : kinds) {
         std::vector<double> ms;
         int n_tokens = 0;
-        for (const Add & a : adds) {
+        for (const Add & a : variants[0]) {
             n_tokens += a.n;
         }
         for (int r = 0; r < reps + 2; ++r) {
+            const std::vector<Add> & adds = variants[static_cast<size_t>(r) % variants.size()];
             const double t = decode(adds);
             for (const Add & a : adds) {
                 llama_memory_seq_rm(mem, a.slot, pos[a.slot], -1);
@@ -210,7 +227,7 @@ int main(int argc, char ** argv) {
                 ms.push_back(t);
             }
         }
-        std::printf("%-44s %7d %7d %9.2f\n", name.c_str(), n_tokens, passes(adds), fastpar_bench::median(ms));
+        std::printf("%-44s %7d %7d %9.2f\n", name.c_str(), n_tokens, passes(variants[0]), fastpar_bench::median(ms));
     }
     {
         const std::vector<Add> adds = gen_with({}, {}, true);
