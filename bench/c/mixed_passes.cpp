@@ -26,6 +26,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/loop/scheduler.hpp"  // batch_add
 #include "llama.h"
 #include "tool_common.hpp"
 
@@ -36,15 +37,6 @@ struct Add {
     int n;
     bool logits;
 };
-
-void add(llama_batch & b, llama_token t, llama_pos pos, llama_seq_id seq, bool logits) {
-    b.token[b.n_tokens] = t;
-    b.pos[b.n_tokens] = pos;
-    b.n_seq_id[b.n_tokens] = 1;
-    b.seq_id[b.n_tokens][0] = seq;
-    b.logits[b.n_tokens] = logits ? 1 : 0;
-    ++b.n_tokens;
-}
 
 // llama.cpp's split of a batch without a unified cache (split_equal, sequential): a run of
 // consecutive sequences a pass, as many tokens a sequence as the one in it with the fewest left.
@@ -122,7 +114,8 @@ int main(int argc, char ** argv) {
         batch.n_tokens = 0;
         for (const Add & a : adds) {
             for (int i = 0; i < a.n; ++i) {
-                add(batch, static_cast<llama_token>(rng() % n_vocab), pos[a.slot] + i, a.slot, a.logits && i == 0);
+                fastpar::batch_add(batch, static_cast<llama_token>(rng() % n_vocab), pos[a.slot] + i, a.slot,
+                                   a.logits && i == 0);
             }
         }
         const double t0 = fastpar_bench::now_us();
