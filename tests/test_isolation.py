@@ -33,8 +33,10 @@ def test_order_and_refill_more_prompts_than_slots(model, solo):
 def test_finished_slots_between_running_ones(model, solo):
     """Slots that finish early leave idle slots between running ones. llama.cpp runs only
     consecutive sequences in one forward pass, so on a GPU such steps are padded with a
-    throw-away token per idle slot (removed right after); on the CPU they are not. Either
-    way each prompt's output is its solo output."""
+    throw-away token per idle slot (removed right after), or the running sequences move down
+    into the freed slots once nothing waits (test_running_sequences_move_into_freed_slots
+    sets each rule apart); on the CPU neither happens. Either way each prompt's output is
+    its solo output."""
     budgets = [2, 24] * 4
     with fastpar.Engine(model, n_parallel=8, n_ctx_per_seq=256) as engine:
         handles = [engine.submit(p, max_tokens=m, **GREEDY) for p, m in zip(PROMPTS, budgets)]
@@ -44,10 +46,52 @@ def test_finished_slots_between_running_ones(model, solo):
         assert c.finish_reason in ("stop", "length"), c.error
         assert_same_greedy(c, solo(p, m), f"{p!r} beside finished slots")
     assert sum(c.n_gen_tokens > 2 for c in results) >= 2  # some really ran on past the others
-    if ON_GPU:
-        assert stats.n_padding_tokens > 0
-    else:
+    if not ON_GPU:
         assert stats.n_padding_tokens == 0
+
+
+@pytest.mark.parametrize("device_sampling", [False, True])
+def test_running_sequences_move_into_freed_slots(model, solo, device_sampling):
+    """Under a GPU's rules, once nothing waits for a slot, the highest running sequences move
+    down into slots freed below them (StepPolicy::compact_slots, a copy of the whole KV
+    buffer): the steps after that have no gaps to pad. Run here with that rule off and on;
+    each prompt's output is its solo output either way (on a GPU up to rounding, the moved
+    sequence's row being another: conftest.py), every moved sequence takes its device-sampling
+    chain along, and the cache ends clean. A slot holding a cached prefix is no target, and
+    a pad in it goes after what it holds (Scheduler::pad_position)."""
+    from fastpar import _core, _testing
+
+    ctx = fastpar.Context(model, n_parallel=8, n_ctx_per_seq=256, device_sampling=device_sampling)
+    cached = fastpar.Context(model, n_parallel=8, n_ctx_per_seq=256, device_sampling=device_sampling,
+                             prefix_cache_mib=-1)
+    budgets = [2, 24, 3, 24, 24, 5, 2, 24]  # slots 0, 2, 5 and 6 end early: gaps below running ones
+    # Prompts of 14-22 tokens: most are long enough for the cache to keep (kMinSharedPrefix).
+    prompts = [f"{MORE_PROMPTS[19 - i]} {MORE_PROMPTS[8 + i]} {p}" for i, p in enumerate(PROMPTS)]
+    params = []
+    for m in budgets:
+        p = _core.GenerateParams()
+        p.max_tokens, p.temperature, p.logprobs = m, 0.0, True
+        params.append(p)
+    padding = {}
+    # The cached context runs twice: the second call starts from the sequences the first left
+    # in the slots, so a pad that had wiped one (the cache still counting it) would show.
+    for c, compact in ((ctx, False), (ctx, True), (cached, True), (cached, True)):
+        policy = _testing.resolve_step_policy(output_on_gpu=True, kv_unified=False, memory_copies_by_position=True,
+                                              share_prefixes=True, n_parallel=8, n_threads=c.n_threads)
+        assert policy.compact_slots and policy.max_padded_gap > 0
+        policy.compact_slots = compact
+        results = _testing.generate_with_policy(c._ctx, prompts, params, policy)
+        for r, prompt, m in zip(results, prompts, budgets):
+            assert r.finish_reason == "length", r.error  # each runs to its budget: the gaps are as planned
+            assert_same_greedy(r, solo(prompt, m), f"{prompt!r}, compact_slots={compact}")
+        padding[(c is cached, compact)] = c.last_stats.n_padding_tokens
+        assert_clean(c)
+    assert cached.last_stats.n_prompt_tokens_cached > 0
+    # Without the rule the freed slots are padded for 19 steps or more; with it the running
+    # ones move down at once. With the prefix cache each freed slot holds its sequence.
+    assert padding[(False, False)] >= 19, padding
+    assert padding[(False, True)] == 0, padding
+    assert padding[(True, True)] > 0, padding
 
 
 def test_isolation_with_unified_kv(model, solo):

@@ -40,6 +40,7 @@ void register_step_plan(py::module_ & m) {
     py::class_<StepPolicy>(m, "StepPolicy", "The step's CPU/GPU choices (core/loop/step_policy.hpp).")
         .def(py::init<>())
         .def_readwrite("max_padded_gap", &StepPolicy::max_padded_gap)
+        .def_readwrite("compact_slots", &StepPolicy::compact_slots)
         .def_readwrite("prompts_first", &StepPolicy::prompts_first)
         .def_readwrite("last_prompt_token_alone", &StepPolicy::last_prompt_token_alone)
         .def_readwrite("max_decode_waits", &StepPolicy::max_decode_waits)

@@ -10,6 +10,7 @@ class StepPolicy:
     """
     The step's CPU/GPU choices (core/loop/step_policy.hpp).
     """
+    compact_slots: bool
     last_prompt_token_alone: bool
     prompts_first: bool
     share_prefixes: bool

@@ -274,6 +274,7 @@ void Scheduler::step() {
         admit();
         share_prefixes();
     }
+    compact();
     for (size_t i = 0; i < slots_.size(); ++i) {
         const Slot & s = *slots_[i];
         PlanInput & p = plan_inputs_[i];
@@ -299,6 +300,17 @@ void Scheduler::step() {
     }
 }
 
+// Where a padded slot's throw-away token goes: after what its sequence holds, so that
+// removing it keeps the rest. An idle slot may hold a finished request's sequence for the
+// prefix cache; a token at position 0 would break its positions' order, and removing it
+// from there would wipe what the cache says the slot holds.
+llama_pos Scheduler::pad_position(const Slot & s) const {
+    if (s.active() || cache_ == nullptr) {
+        return s.n_past;
+    }
+    return static_cast<llama_pos>(cache_->held(static_cast<size_t>(s.seq)).size());
+}
+
 void Scheduler::decode_group(std::vector<Slot *> group) {
     // In seq_id order: llama.cpp puts only consecutive sequences into one forward pass.
     std::sort(group.begin(), group.end(), [](const Slot * a, const Slot * b) { return a->seq < b->seq; });
@@ -309,7 +321,7 @@ void Scheduler::decode_group(std::vector<Slot *> group) {
         s->scoring.n_rows = 0;
         if (s->pad) {
             // Any token: its KV entry is removed after the call.
-            batch_add(batch_, 0, s->n_past, s->seq, false);
+            batch_add(batch_, 0, pad_position(*s), s->seq, false);
             ++n_padding;
         } else if (s->prefilling()) {
             const bool last_chunk = s->n_fed + static_cast<size_t>(s->n_plan) == s->prompt.size();
@@ -360,7 +372,7 @@ void Scheduler::decode_group(std::vector<Slot *> group) {
         // Padding leaves nothing behind, whether the call worked or not.
         for (Slot * s : group) {
             if (s->pad) {
-                llama_memory_seq_rm(mem_, s->seq, s->n_past, -1);
+                llama_memory_seq_rm(mem_, s->seq, pad_position(*s), -1);
             }
         }
         group.erase(std::remove_if(group.begin(), group.end(),

@@ -131,6 +131,9 @@ private:
     // Preemption (preempt.cpp): a queued request more urgent than a running one takes its
     // slot; the running one is suspended and resumed later where it stopped.
     void preempt();
+    // Keeping the running sequences in the first slots (compact.cpp, StepPolicy::compact_slots).
+    void compact();
+    void move_sequence(size_t from, size_t to);
     void suspend(Slot & slot);
     void resume(Request request);
     void requeue_first(Request request);
@@ -141,6 +144,7 @@ private:
     void share_prefixes();
     void emit_text(Slot & slot);
     void decode_group(std::vector<Slot *> group);
+    llama_pos pad_position(const Slot & s) const;
     // An embeddings context's step (embed_step.cpp): whole texts, oldest first, as many as
     // one batch holds; each pooled vector read back and the text finished.
     void step_embeddings();

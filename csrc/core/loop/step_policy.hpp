@@ -30,6 +30,10 @@ constexpr int32_t kUnlimitedDecodeWaits = std::numeric_limits<int32_t>::max();
 struct StepPolicy {
     // Longest run of idle slots between decoding ones that a step pads (0: none).
     size_t max_padded_gap = 0;
+    // When nothing waits for a slot and every running sequence generates, the highest ones
+    // move down into idle slots below them (compact.cpp): a step over slots 0..n-1 costs
+    // what n sequences need on a GPU, where one over scattered slots costs nearly a full one.
+    bool compact_slots = false;
     // Waiting prompts may take a whole batch while they fill it, the decoding slots
     // waiting (step_plan.hpp), at most max_decode_waits steps in a row.
     bool prompts_first = false;
@@ -66,11 +70,12 @@ struct StepPolicy {
 // buffer for all sequences), `memory_copies_by_position` (plain attention caches: not
 // recurrent, hybrid or sliding-window), `share_prefixes` as asked, and the context's
 // slots and threads. Padding needs copyable memory too: a padded token is removed by
-// position afterwards.
+// position afterwards; so does moving a sequence to another slot (a whole-buffer copy).
 inline StepPolicy resolve_step_policy(bool output_on_gpu, bool kv_unified, bool memory_copies_by_position,
                                       bool share_prefixes, int32_t n_parallel, int32_t n_threads) {
     StepPolicy policy;
     policy.max_padded_gap = output_on_gpu && !kv_unified && memory_copies_by_position ? kMaxPaddedGapGpu : 0;
+    policy.compact_slots = output_on_gpu && !kv_unified && memory_copies_by_position;
     policy.prompts_first = output_on_gpu && !kv_unified;
     policy.last_prompt_token_alone = output_on_gpu && !kv_unified;
     policy.max_decode_waits = kUnlimitedDecodeWaits;
