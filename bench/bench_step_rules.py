@@ -72,6 +72,7 @@ def main() -> int:
         ("lockstep, the mean length", ctx, [params(mean)], policy()),
         ("own lengths", ctx, each, policy()),
         ("own lengths, no padding", ctx, each, policy(max_padded_gap=0)),
+        ("own lengths, slots not kept together", ctx, each, policy(compact_slots=False)),
         ("own lengths, every gap padded", ctx, each, policy(max_padded_gap=1 << 30)),
         ("own lengths, no last-token rule", ctx, each, policy(last_prompt_token_alone=False)),
         ("own lengths, no prompts-first steps", ctx, each, policy(prompts_first=False)),
