@@ -5,7 +5,7 @@
 // it costs a step of all the slots however few run. Moving the highest running sequence
 // down into the lowest idle slot (a copy of its whole KV buffer, made by llama.cpp before
 // the next step) keeps them in slots 0..n-1, where a step costs what its sequences need
-// (docs/internals.md, "Slots kept together": measured with the prompts ordered so).
+// (docs/internals.md, "Slots kept together": nano-vllm's load 1.39x on an H200).
 #include <utility>
 
 #include "core/loop/scheduler.hpp"
@@ -35,7 +35,7 @@ void Scheduler::compact() {
         while (hi > lo && !slots_[hi - 1]->active()) {
             --hi;
         }
-        if (hi <= lo + 1) {
+        if (hi <= lo) {
             return;
         }
         move_sequence(hi - 1, lo);

@@ -74,10 +74,11 @@ struct StepPolicy {
 inline StepPolicy resolve_step_policy(bool output_on_gpu, bool kv_unified, bool memory_copies_by_position,
                                       bool share_prefixes, int32_t n_parallel, int32_t n_threads) {
     StepPolicy policy;
-    policy.max_padded_gap = output_on_gpu && !kv_unified && memory_copies_by_position ? kMaxPaddedGapGpu : 0;
-    policy.compact_slots = output_on_gpu && !kv_unified && memory_copies_by_position;
-    policy.prompts_first = output_on_gpu && !kv_unified;
-    policy.last_prompt_token_alone = output_on_gpu && !kv_unified;
+    const bool gpu_slot_buffers = output_on_gpu && !kv_unified;  // a KV buffer per slot, steps on a GPU
+    policy.max_padded_gap = gpu_slot_buffers && memory_copies_by_position ? kMaxPaddedGapGpu : 0;
+    policy.compact_slots = gpu_slot_buffers && memory_copies_by_position;
+    policy.prompts_first = gpu_slot_buffers;
+    policy.last_prompt_token_alone = gpu_slot_buffers;
     policy.max_decode_waits = kUnlimitedDecodeWaits;
     policy.split_rows = output_on_gpu && n_threads > 1;
     // On a GPU the pool's cores are idle while a step runs there: its workers wake ahead
