@@ -172,12 +172,21 @@ fastpar_default_params <- function() .Call(C_fastpar_r_default_params)
 #'
 #' @return A list: `version` and `backend` (`"cpu"`, `"cuda"` or `"metal"`) of the
 #'   loaded `libfastpar`; `include` and `library`, where the package found `fastpar.h` and
-#'   `libfastpar` when it was installed; `python`, the Python interpreter with the
+#'   `libfastpar` when it was installed (the package's own `include` and `lib` folders
+#'   when it built them from source); `python`, the Python interpreter with the
 #'   `fastpar` package found then (`""` if none).
 #' @examples
 #' fastpar_info()$version
 #' @export
-fastpar_info <- function() .Call(C_fastpar_r_info)
+fastpar_info <- function() {
+  info <- .Call(C_fastpar_r_info)
+  if (!nzchar(info$library)) {
+    # Built from source at installation: libfastpar and fastpar.h are the package's own.
+    info$include <- system.file("include", package = "fastpar")
+    info$library <- Sys.glob(file.path(system.file("lib", package = "fastpar"), "libfastpar.*"))[1]
+  }
+  info
+}
 
 # The Python interpreter to ask: $FASTPAR_PYTHON, else the one found at installation.
 .python <- function() {

@@ -46,8 +46,11 @@ test_context <- function(n_parallel = 4, n_ctx_per_seq = 512) {
   cache[[key]]
 }
 
+# The Python the tests compare with: $FASTPAR_TEST_PYTHON (the tests alone use it: a check of
+# a package built without Python gives it), else the package's own.
 python <- function() {
-  p <- Sys.getenv("FASTPAR_PYTHON")
+  p <- Sys.getenv("FASTPAR_TEST_PYTHON")
+  if (!nzchar(p)) p <- Sys.getenv("FASTPAR_PYTHON")
   if (!nzchar(p)) p <- fastpar_info()$python
   if (!nzchar(p)) skip("no Python with fastpar (set FASTPAR_PYTHON)")
   p
