@@ -33,12 +33,18 @@ def r_env(**extra) -> dict:
     return env
 
 
+def copy_package(dest: pathlib.Path) -> None:
+    """A copy of r/ without what an install in the checkout left: the source bundle, its
+    build, and configure's and the compiler's outputs."""
+    shutil.copytree(R_PACKAGE, dest, ignore=shutil.ignore_patterns("tools", "Makevars", "config.h", "*.o", "*.so"))
+
+
 def configure(tmp_path: pathlib.Path, env: dict, where: pathlib.Path | None = None
               ) -> tuple[subprocess.CompletedProcess, pathlib.Path]:
     """Runs r/configure in a copy of r/ (configure writes into src/), at tmp_path/r unless
     where is given; without the source bundle or build of the checkout's r/tools."""
     work = where or tmp_path / "r"
-    shutil.copytree(R_PACKAGE, work, ignore=shutil.ignore_patterns("tools", "Makevars", "config.h", "*.o", "*.so"))
+    copy_package(work)
     proc = subprocess.run(["sh", "./configure"], cwd=work, capture_output=True, text=True, env=env)
     return proc, work
 
@@ -142,7 +148,7 @@ def test_r_cmd_check_passes_building_its_own_libfastpar_without_python(tmp_path,
 
     reranker = make_bert(tmp_path / "reranker.gguf", pooling="rank")
     work = tmp_path / "src" / "fastpar"
-    shutil.copytree(R_PACKAGE, work, ignore=shutil.ignore_patterns("tools", "Makevars", "config.h", "*.o", "*.so"))
+    copy_package(work)
     env = no_python_env(tmp_path, FASTPAR_TEST_MODEL=model.path, FASTPAR_TEST_RERANKER=str(reranker),
                         _R_CHECK_FORCE_SUGGESTS_="false", TMPDIR=str(tmp_path))
     env.pop("LD_LIBRARY_PATH", None)
