@@ -16,7 +16,7 @@ the chat template adds a few tokens to each message.
 Servers, each with --parallel slots (default: one per user), --threads threads and a
 context per slot that holds a whole conversation (at least 4096):
   * fastpar serve --prefix-cache-mib -1 (prefix cache on, auto budget: the server's default);
-  * fastpar serve --prefix-cache-mib 0 (prefix cache off);
+  * fastpar serve --prefix-cache-mib 0 (prefix cache off; --fastpar-settings on leaves it out);
   * with --kv-unified, fastpar serve --prefix-cache-mib -1 --kv-unified (one KV buffer);
   * llama-server at its defaults (cache_prompt on, --cache-ram 8192 MiB) and at each other
     setting of LLAMA_SETTINGS; the fastest of these by generated tokens/s is "best".
@@ -124,6 +124,8 @@ def main() -> int:
     ap.add_argument("--gpu", action="store_true", help="a CUDA build, every layer on the GPU")
     ap.add_argument("--llama-settings", default=",".join(LLAMA_SETTINGS),
                     help=f"llama-server settings to try, of: {', '.join(LLAMA_SETTINGS)} (comma-separated)")
+    ap.add_argument("--fastpar-settings", default="on,off",
+                    help="fastpar serve with its prefix cache on, off or both (default: on,off)")
     ap.add_argument("--kv-unified", action="store_true",
                     help="also fastpar serve with its prefix cache on and one KV buffer for all slots")
     ap.add_argument("--out", default=None, help="also write the markdown table to this file")
@@ -132,6 +134,8 @@ def main() -> int:
     settings = args.llama_settings.split(",")
     if "defaults" not in settings or any(s not in LLAMA_SETTINGS for s in settings):
         ap.error(f"--llama-settings: 'defaults' and any of {', '.join(LLAMA_SETTINGS)}")
+    if not set(args.fastpar_settings.split(",")) <= {"on", "off"} or not args.fastpar_settings:
+        ap.error("--fastpar-settings: on, off or on,off")
     require_prefix_cache()
     bench_run.Target.gpu, bench_run.Target.n_gpu_layers = args.gpu, -1 if args.gpu else 0
     if args.gpu:
@@ -142,10 +146,10 @@ def main() -> int:
     # A whole conversation per slot: every message, its template's tokens (a few) and answer.
     n_ctx = max(4096, args.system_tokens + args.turns * (args.turn_tokens + args.new_tokens + 32) + 64)
 
-    servers = {FASTPAR_ON: lambda: bench_server.fastpar_server(path, n_par, n_ctx, args.threads,
-                                                               ["--prefix-cache-mib", "-1"]),
-               FASTPAR_OFF: lambda: bench_server.fastpar_server(path, n_par, n_ctx, args.threads,
-                                                                ["--prefix-cache-mib", "0"])}
+    fastpar_settings = {"on": (FASTPAR_ON, "-1"), "off": (FASTPAR_OFF, "0")}
+    servers = {name: (lambda mib=mib: bench_server.fastpar_server(path, n_par, n_ctx, args.threads,
+                                                                  ["--prefix-cache-mib", mib]))
+               for key, (name, mib) in fastpar_settings.items() if key in args.fastpar_settings.split(",")}
     if args.kv_unified:
         servers[f"{FASTPAR_ON} --kv-unified"] = lambda: bench_server.fastpar_server(
             path, n_par, n_ctx, args.threads, ["--prefix-cache-mib", "-1", "--kv-unified"])

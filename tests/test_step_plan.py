@@ -13,8 +13,8 @@ def decoding():
     return T.PlanInput(active=True)
 
 
-def prompt(left, waiting=False):
-    return T.PlanInput(active=True, prefilling=True, waiting=waiting, left=left)
+def prompt(left, waiting=False, order=0, priority=0):
+    return T.PlanInput(active=True, prefilling=True, waiting=waiting, left=left, order=order, priority=priority)
 
 
 def idle():
@@ -122,7 +122,7 @@ def test_prompts_first_stops_at_its_decode_waits_limit():
     slots = [decoding(), prompt(100), prompt(100)]
     waits, firsts = 0, []
     for step in range(2 * (T.STREAMING_DECODE_WAITS + 1)):
-        plan = T.plan_step(slots, policy, n_batch=16, rotation=step % 3, decode_waits=waits)
+        plan = T.plan_step(slots, policy, n_batch=16, decode_waits=waits)
         firsts.append(plan["prompts_first"])
         waits = plan["decode_waits"]
     # The decoding slot waits at most STREAMING_DECODE_WAITS steps in a row, then decodes.
@@ -134,11 +134,11 @@ def test_prompts_first_stops_at_its_decode_waits_limit():
 
 
 def test_first_chunk_takes_what_fits_the_others_only_whole():
-    # Budget 10: slot 0 (rotation start) takes 10 of its 25; nothing is left.
+    # Budget 10: slot 0 (the oldest) takes 10 of its 25; nothing is left.
     plan = T.plan_step([prompt(25), prompt(3), prompt(4)], cpu_policy(), n_batch=10)
     assert plan["n_plan"] == [10, 0, 0]
-    # Rotation 1: slot 1 takes all 3; slot 2 fits whole (4 <= 7); slot 0 (25 > 3) waits.
-    plan = T.plan_step([prompt(25), prompt(3), prompt(4)], cpu_policy(), n_batch=10, rotation=1)
+    # Slot 1 admitted first: it takes all 3; slot 2 fits whole (4 <= 7); slot 0 (25 > 3) waits.
+    plan = T.plan_step([prompt(25, order=3), prompt(3, order=1), prompt(4, order=2)], cpu_policy(), n_batch=10)
     assert plan["n_plan"] == [0, 3, 4]
     # A later prompt that does not fit whole is skipped, a smaller one after it still goes.
     plan = T.plan_step([prompt(6), prompt(9), prompt(2)], cpu_policy(), n_batch=10)
@@ -168,18 +168,28 @@ def test_last_prompt_token_goes_alone_where_logits_rows_differ():
     assert plan["n_plan"] == [1, 30, 1, 5, 1]
 
 
-def test_rotation_lets_every_prompt_go_first():
-    # Four long prompts, a batch that holds part of one: each step the slot the rotation
-    # names gets the batch, so every prompt makes progress.
+def test_prompts_go_oldest_first_the_most_urgent_before_them():
+    # Four long prompts admitted in the order 2, 0, 3, 1, a batch that holds part of one:
+    # the oldest takes the batch every step until its prompt is in, then the next oldest.
+    # Their prompts end one after another, so each starts generating while the later
+    # ones are decoded (taking turns, all would end together, after all of them).
     n_batch = 8
-    left = [100, 100, 100, 100]
-    for step in range(8):
-        slots = [prompt(n) for n in left]
-        plan = T.plan_step(slots, cpu_policy(), n_batch=n_batch, rotation=step % 4)
-        assert plan["n_plan"][step % 4] == n_batch
-        assert sum(plan["n_plan"]) == n_batch
-        left = [n - k for n, k in zip(left, plan["n_plan"])]
-    assert left == [84, 84, 84, 84]
+    order = [1, 3, 0, 2]
+    left = [20, 20, 20, 20]
+    ends = []
+    while any(left):
+        slots = [prompt(n, order=o) if n else decoding() for n, o in zip(left, order)]
+        plan = T.plan_step(slots, cpu_policy(), n_batch=n_batch)
+        was = left
+        left = [n - k if n else 0 for n, k in zip(left, plan["n_plan"])]
+        ends += [i for i in range(4) if was[i] and not left[i]]
+    assert ends == [2, 0, 3, 1]
+    # A more urgent prompt (a lower priority value) goes before older ones.
+    slots = [prompt(20, order=0), prompt(20, order=5, priority=-1), prompt(20, order=1)]
+    assert T.plan_step(slots, cpu_policy(), n_batch=8)["n_plan"] == [0, 8, 0]
+    # After the oldest, a later prompt goes where it fits whole, whatever its age.
+    slots = [prompt(9, order=0), prompt(30, order=1), prompt(3, order=2)]
+    assert T.plan_step(slots, cpu_policy(), n_batch=12)["n_plan"] == [9, 0, 3]
 
 
 @pytest.mark.parametrize("gpu", [False, True])
@@ -192,9 +202,10 @@ def test_budget_is_never_exceeded_and_every_rule_holds(gpu):
         for _ in range(n):
             kind = rng.randrange(4)
             slots.append(idle() if kind == 0 else decoding() if kind == 1 else
-                         prompt(rng.randint(1, 60), waiting=kind == 3 and rng.random() < 0.5))
+                         prompt(rng.randint(1, 60), waiting=kind == 3 and rng.random() < 0.5,
+                                order=rng.randrange(100), priority=rng.randint(-1, 1)))
         policy = gpu_policy(max_padded_gap=rng.randint(0, 6)) if gpu else cpu_policy()
-        plan = T.plan_step(slots, policy, n_batch=n_batch, rotation=rng.randrange(n), decode_waits=rng.randint(0, 4))
+        plan = T.plan_step(slots, policy, n_batch=n_batch, decode_waits=rng.randint(0, 4))
         n_plan, pad = plan["n_plan"], plan["pad"]
         assert sum(n_plan) == plan["n_tokens"] <= n_batch
         # Every step makes progress while some slot can.
@@ -209,13 +220,15 @@ def test_budget_is_never_exceeded_and_every_rule_holds(gpu):
                 assert 0 <= k <= s.left
             else:
                 assert k == 0
-        # Only the first chunk (in rotation order) may be cut.
-        # Only the first chunk (in rotation order) may be cut, beyond a last token left for
-        # a later step.
+        # Only the first chunk (the most urgent, oldest ready prompt's) may be cut, beyond a
+        # last token left for a later step.
         spare = 1 if gpu else 0
         cut = [i for i, (s, k, p) in enumerate(zip(slots, n_plan, pad))
                if s.active and s.prefilling and not p and 0 < k < s.left - spare]
         assert len(cut) <= 1
+        if cut:  # and it is the most urgent, oldest ready prompt
+            ready = [i for i, s in enumerate(slots) if s.active and s.prefilling and not s.waiting]
+            assert cut[0] == min(ready, key=lambda i: (slots[i].priority, slots[i].order, i))
         if gpu:  # the rows with logits all have one token count
             counts = {k for s, k, p in zip(slots, n_plan, pad)
                       if k > 0 and not p and (not s.prefilling or k == s.left)}

@@ -57,26 +57,29 @@ void register_step_plan(py::module_ & m) {
     m.attr("UNLIMITED_DECODE_WAITS") = kUnlimitedDecodeWaits;
 
     py::class_<PlanInput>(m, "PlanInput", "One slot as the step planner sees it.")
-        .def(py::init([](bool active, bool prefilling, bool waiting, size_t left) {
+        .def(py::init([](bool active, bool prefilling, bool waiting, size_t left, int32_t priority, uint64_t order) {
                  PlanInput s;
                  s.active = active;
                  s.prefilling = prefilling;
                  s.waiting = waiting;
                  s.left = left;
+                 s.priority = priority;
+                 s.order = order;
                  return s;
              }),
              py::arg("active") = false, py::arg("prefilling") = false, py::arg("waiting") = false,
-             py::arg("left") = 0)
+             py::arg("left") = 0, py::arg("priority") = 0, py::arg("order") = 0)
         .def_readwrite("active", &PlanInput::active)
         .def_readwrite("prefilling", &PlanInput::prefilling)
         .def_readwrite("waiting", &PlanInput::waiting)
-        .def_readwrite("left", &PlanInput::left);
+        .def_readwrite("left", &PlanInput::left)
+        .def_readwrite("priority", &PlanInput::priority)
+        .def_readwrite("order", &PlanInput::order);
     m.def(
         "plan_step",
-        [](const std::vector<PlanInput> & slots, const StepPolicy & policy, int32_t n_batch, size_t rotation,
-           int32_t decode_waits) {
+        [](const std::vector<PlanInput> & slots, const StepPolicy & policy, int32_t n_batch, int32_t decode_waits) {
             StepPlan plan;
-            plan_step(slots, policy, n_batch, rotation, decode_waits, plan);
+            plan_step(slots, policy, n_batch, decode_waits, plan);
             py::dict out;
             std::vector<int32_t> n_plan;
             std::vector<bool> pad;
@@ -91,7 +94,7 @@ void register_step_plan(py::module_ & m) {
             out["n_tokens"] = plan.n_tokens;
             return out;
         },
-        py::arg("slots"), py::arg("policy"), py::arg("n_batch"), py::arg("rotation") = 0, py::arg("decode_waits") = 0,
+        py::arg("slots"), py::arg("policy"), py::arg("n_batch"), py::arg("decode_waits") = 0,
         "core/loop/step_plan.hpp's plan_step: a dict of n_plan and pad per slot, decode_waits, prompts_first, n_tokens.");
     m.def(
         "generate_with_policy",

@@ -48,13 +48,25 @@ class PlanInput:
     active: bool
     prefilling: bool
     waiting: bool
-    def __init__(self, active: bool = False, prefilling: bool = False, waiting: bool = False, left: typing.SupportsInt | typing.SupportsIndex = 0) -> None:
+    def __init__(self, active: bool = False, prefilling: bool = False, waiting: bool = False, left: typing.SupportsInt | typing.SupportsIndex = 0, priority: typing.SupportsInt | typing.SupportsIndex = 0, order: typing.SupportsInt | typing.SupportsIndex = 0) -> None:
         ...
     @property
     def left(self) -> int:
         ...
     @left.setter
     def left(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def order(self) -> int:
+        ...
+    @order.setter
+    def order(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def priority(self) -> int:
+        ...
+    @priority.setter
+    def priority(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
         ...
 class SharingView:
     """
@@ -157,7 +169,7 @@ def measure_grammar(model: fastpar._core.Model, params: fastpar._core.GeneratePa
     """
     What a json_schema or grammar constraint costs (testing/probes.hpp, measure_grammar).
     """
-def plan_step(slots: collections.abc.Sequence[PlanInput], policy: StepPolicy, n_batch: typing.SupportsInt | typing.SupportsIndex, rotation: typing.SupportsInt | typing.SupportsIndex = 0, decode_waits: typing.SupportsInt | typing.SupportsIndex = 0) -> dict:
+def plan_step(slots: collections.abc.Sequence[PlanInput], policy: StepPolicy, n_batch: typing.SupportsInt | typing.SupportsIndex, decode_waits: typing.SupportsInt | typing.SupportsIndex = 0) -> dict:
     """
     core/loop/step_plan.hpp's plan_step: a dict of n_plan and pad per slot, decode_waits, prompts_first, n_tokens.
     """

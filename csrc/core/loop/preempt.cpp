@@ -14,12 +14,6 @@
 
 namespace fastpar {
 
-namespace {
-
-int32_t priority_of(const Request & r) { return r.params ? r.params->priority : 0; }
-
-}  // namespace
-
 void Scheduler::preempt() {
     // The queue is ordered by priority: its first requests take the free slots (admit()), and
     // each one after them that is more urgent than a running request takes that one's slot.
@@ -30,16 +24,16 @@ void Scheduler::preempt() {
             --n_free;
             continue;
         }
-        const int32_t want = priority_of(queue_[q]);
+        const int32_t want = queue_[q].priority();
         Slot * victim = nullptr;
         for (auto & sp : slots_) {
             Slot & s = *sp;
             // A scoring request's rows are read as they decode: it is never suspended.
-            if (!s.active() || s.state == SlotState::Scored || s.scoring.on() || priority_of(s.request) <= want) {
+            if (!s.active() || s.state == SlotState::Scored || s.scoring.on() || s.request.priority() <= want) {
                 continue;
             }
-            if (victim == nullptr || priority_of(s.request) > priority_of(victim->request) ||
-                (priority_of(s.request) == priority_of(victim->request) && s.order > victim->order)) {
+            if (victim == nullptr || s.request.priority() > victim->request.priority() ||
+                (s.request.priority() == victim->request.priority() && s.order > victim->order)) {
                 victim = &s;
             }
         }
@@ -83,8 +77,8 @@ void Scheduler::suspend(Slot & s) {
 
 void Scheduler::requeue_first(Request request) {
     // Ahead of every queued request of its priority: it was admitted before them.
-    const int32_t priority = priority_of(request);
-    auto at = std::find_if(queue_.begin(), queue_.end(), [&](const Request & r) { return priority_of(r) >= priority; });
+    const int32_t priority = request.priority();
+    auto at = std::find_if(queue_.begin(), queue_.end(), [&](const Request & r) { return r.priority() >= priority; });
     queue_.insert(at, std::move(request));
 }
 

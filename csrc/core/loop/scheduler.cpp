@@ -107,11 +107,11 @@ Scheduler::~Scheduler() { cancel_all(); }
 void Scheduler::enqueue(Request request) {
     // The queue stays ordered by priority, each request behind every other of its priority
     // or a lower one: a request with a lower value than those queued waits only for a slot.
-    const int32_t priority = request.params ? request.params->priority : 0;
+    const int32_t priority = request.priority();
     auto at = queue_.end();
     while (at != queue_.begin()) {
         const auto before = std::prev(at);
-        if ((before->params ? before->params->priority : 0) <= priority) {
+        if (before->priority() <= priority) {
             break;
         }
         at = before;
@@ -282,10 +282,11 @@ void Scheduler::step() {
         p.prefilling = s.prefilling();
         p.waiting = s.state == SlotState::Waiting;
         p.left = s.prompt.size() - s.n_fed;
+        p.priority = s.request.priority();
+        p.order = s.order;
     }
-    plan_step(plan_inputs_, policy_, n_batch_, prefill_rotation_, decode_waits_, plan_);
+    plan_step(plan_inputs_, policy_, n_batch_, decode_waits_, plan_);
     decode_waits_ = plan_.decode_waits;
-    prefill_rotation_ = (prefill_rotation_ + 1) % slots_.size();
     std::vector<Slot *> group;
     for (size_t i = 0; i < slots_.size(); ++i) {
         Slot & s = *slots_[i];

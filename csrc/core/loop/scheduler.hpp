@@ -52,6 +52,9 @@ struct Request {
     Clock::time_point t_submit = Clock::now();
     // Set while a preempted request waits to resume (slot.hpp); null otherwise.
     std::shared_ptr<Suspended> suspended;
+
+    // GenerateParams::priority (lower is more urgent), 0 without params.
+    int32_t priority() const { return params ? params->priority : 0; }
 };
 
 // Appends one token of one sequence to `batch` (which has room for it); returns its index.
@@ -176,7 +179,6 @@ private:
     StepPlan plan_;                           // reused each step
     std::vector<std::unique_ptr<Slot>> slots_;
     std::deque<Request> queue_;
-    size_t prefill_rotation_ = 0;  // which slot's prompt goes first, for fairness
     int32_t decode_waits_ = 0;     // steps in a row the decoding slots have waited
     bool embeddings_ = false;      // SchedulerOptions::embeddings
     int32_t embedding_size_ = 0;   // SchedulerOptions::embedding_size

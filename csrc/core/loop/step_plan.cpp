@@ -4,7 +4,7 @@
 
 namespace fastpar {
 
-void plan_step(const std::vector<PlanInput> & slots, const StepPolicy & policy, int32_t n_batch, size_t rotation,
+void plan_step(const std::vector<PlanInput> & slots, const StepPolicy & policy, int32_t n_batch,
                int32_t decode_waits, StepPlan & out) {
     const size_t n = slots.size();
     out.slots.assign(n, SlotPlan{});
@@ -54,13 +54,22 @@ void plan_step(const std::vector<PlanInput> & slots, const StepPolicy & policy, 
         }
     }
 
-    bool first = true;
-    for (size_t k = 0; k < n && budget > 0; ++k) {
-        const size_t i = (rotation + k) % n;
-        const PlanInput & s = slots[i];
-        if (!s.active || !s.prefilling || s.waiting) {
-            continue;
+    std::vector<size_t> & queue = out.prompt_queue;
+    queue.clear();
+    for (size_t i = 0; i < n; ++i) {
+        if (slots[i].active && slots[i].prefilling && !slots[i].waiting) {
+            queue.push_back(i);
         }
+    }
+    std::sort(queue.begin(), queue.end(), [&](size_t a, size_t b) {
+        const PlanInput & x = slots[a];
+        const PlanInput & y = slots[b];
+        return x.priority != y.priority ? x.priority < y.priority : x.order != y.order ? x.order < y.order : a < b;
+    });
+    bool first = true;
+    for (size_t k = 0; k < queue.size() && budget > 0; ++k) {
+        const size_t i = queue[k];
+        const PlanInput & s = slots[i];
         SlotPlan & p = out.slots[i];
         const auto room = static_cast<size_t>(budget + (p.pad ? 1 : 0));
         if (!first && s.left > room) {

@@ -17,6 +17,10 @@ struct PlanInput {
     bool prefilling = false;  // still has prompt tokens to decode (else: decodes one token)
     bool waiting = false;     // leaves its prompt prefix to another slot this step (prefix_sharing.hpp)
     size_t left = 0;          // prompt tokens still to decode
+    // Which prompt's chunk goes first: the lower priority value (the more urgent), then the
+    // earlier admitted (Slot::order), then the lower slot.
+    int32_t priority = 0;
+    uint64_t order = 0;
 };
 
 // What the plan has one slot do this step.
@@ -30,6 +34,7 @@ struct StepPlan {
     int32_t decode_waits = 0;     // steps in a row the decoding slots have waited, after this one
     bool prompts_first = false;   // this step the decoding slots wait for the prompts
     int32_t n_tokens = 0;         // tokens in the batch, at most n_batch
+    std::vector<size_t> prompt_queue;  // scratch: the prompts ready this step, first to go first
 };
 
 // The rules, in order:
@@ -38,11 +43,14 @@ struct StepPlan {
 //   policy.max_decode_waits steps in a row (`decode_waits` so far).
 // - Otherwise every decoding slot adds its one token (n_batch >= n_parallel leaves room),
 //   and a gap of at most policy.max_padded_gap idle slots between two of them is padded.
-// - Prompt chunks fill the rest of n_batch, starting from slot `rotation` so that none
-//   starves: the first takes what fits, the others go only whole (a cut prompt ends in a
-//   pass of its own next step). A padded slot that gets a chunk is no longer padding.
+// - Prompt chunks fill the rest of n_batch, the most urgent prompt first and among equals
+//   the oldest: it takes what fits, the others go only whole (a cut prompt ends in a pass
+//   of its own next step). None starves. Oldest first rather than taking turns, so that
+//   prompts end one after another and each generates beside the later ones' chunks, where
+//   taking turns ended them all together (docs/internals.md, "A step"). A padded slot that
+//   gets a chunk is no longer padding.
 // `out` is reused from step to step (no allocation once it has grown to the slots).
-void plan_step(const std::vector<PlanInput> & slots, const StepPolicy & policy, int32_t n_batch, size_t rotation,
+void plan_step(const std::vector<PlanInput> & slots, const StepPolicy & policy, int32_t n_batch,
                int32_t decode_waits, StepPlan & out);
 
 }  // namespace fastpar
