@@ -193,3 +193,20 @@ def test_gpu_step_rules_change_no_output(model, solo):
         assert_clean(ctx)
     # The last-token rule did cut steps differently (prompts' last tokens in later steps).
     assert decodes[True] > decodes[False], decodes
+
+
+def test_prompts_cut_into_chunks_go_oldest_first(model):
+    """Prompt chunks go oldest first (docs/internals.md, "A step"): four prompts of about 200
+    tokens on 64-token steps end one after another, the first after about 4 steps and the
+    last after about 13. When prompts took turns, all four ended in the same step. The times
+    only order the events; a warm-up call keeps the context's first decode out of them."""
+    ctx = fastpar.Context(model, n_parallel=4, n_ctx_per_seq=512, n_batch=64)
+    fastpar.generate_parallel(ctx, ["Warm up."], max_tokens=2, **GREEDY)
+    prompts = [f"Chapter {i}. " + "The history of the river valley and its towns, told year by year. " * 14
+               for i in range(4)]
+    assert all(150 <= len(model.tokenize(p)) <= 250 for p in prompts)
+    results = fastpar.generate_parallel(ctx, prompts, max_tokens=4, ignore_eos=True, **GREEDY)
+    firsts = [c.t_first_token_ms for c in results]
+    assert firsts == sorted(firsts), firsts
+    assert firsts[0] < 0.6 * firsts[3], firsts
+    assert_clean(ctx)
