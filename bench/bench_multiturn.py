@@ -134,7 +134,7 @@ def main() -> int:
     settings = args.llama_settings.split(",")
     if "defaults" not in settings or any(s not in LLAMA_SETTINGS for s in settings):
         ap.error(f"--llama-settings: 'defaults' and any of {', '.join(LLAMA_SETTINGS)}")
-    if not set(args.fastpar_settings.split(",")) <= {"on", "off"} or not args.fastpar_settings:
+    if not set(args.fastpar_settings.split(",")) <= {"on", "off"}:
         ap.error("--fastpar-settings: on, off or on,off")
     require_prefix_cache()
     bench_run.Target.gpu, bench_run.Target.n_gpu_layers = args.gpu, -1 if args.gpu else 0
