@@ -20,8 +20,13 @@ calls) against the ideal (target <= 1.1x) and prompt tokens taken from the cache
 (last_stats.n_prompt_tokens_cached). Texts are common words counted with the model's
 tokenizer (bench/run.py make_prompts).
 
+--kv-unified adds a third setting, the cache on with one KV buffer for all slots
+(Context's kv_unified): a cached prefix then reaches a slot by reference to the same cells,
+not by copying a slot's buffer, and a call's documents go through attention as one batch.
+
     python bench/bench_fewshot.py                     # 400 prompts in 20 calls of 20, CPU, 3 repetitions
     python bench/bench_fewshot.py --gpu --out fewshot.md
+    python bench/bench_fewshot.py --kv-unified        # also the cache on a unified KV
     python bench/bench_fewshot.py --quick             # tiny sizes: checks the harness
 """
 
@@ -43,12 +48,14 @@ import run as bench_run  # noqa: E402  (make_prompts, gpu_name)
 
 # Each setting's Context keywords: the cache on (auto budget) and off (the default).
 SETTINGS = {"cache off": dict(prefix_cache_mib=0), "cache on": dict(prefix_cache_mib=-1)}
+UNIFIED = "cache on, unified KV"
 
 
 def job(model: fastpar.Model, prompts: list, args, setting: str) -> dict:
     """The whole job on a new Context -> its seconds and the sums of its calls' statistics."""
     ctx = fastpar.Context(model, n_parallel=args.parallel, n_ctx_per_seq=args.prefix_tokens + args.doc_tokens +
-                          args.new_tokens + 8, n_threads=args.threads, **SETTINGS[setting])
+                          args.new_tokens + 8, n_threads=args.threads,
+                          **(dict(prefix_cache_mib=-1, kv_unified=True) if setting == UNIFIED else SETTINGS[setting]))
     sums = dict(decoded=0, cached=0, shared=0, gen=0)
     t0 = time.perf_counter()
     for i in range(0, len(prompts), args.chunk):
@@ -74,6 +81,7 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--model", default=None, help="GGUF file (default: fastpar's default model)")
     ap.add_argument("--gpu", action="store_true", help="every layer on the GPU")
+    ap.add_argument("--kv-unified", action="store_true", help="also run the cache on with kv_unified=True")
     ap.add_argument("--quick", action="store_true",
                     help="check the harness: 16 prompts in calls of 4, 64 + 16 tokens, 4 new")
     ap.add_argument("--out", default=None, help="also write the markdown table to this file")
@@ -87,9 +95,10 @@ def main() -> int:
     ideal = args.prefix_tokens + args.prompts * args.doc_tokens
     print(f"{args.prompts} prompts of {args.prefix_tokens} + {args.doc_tokens} tokens in calls of {args.chunk}, "
           f"{args.parallel} slots, {args.new_tokens} new tokens; ideal prompt tokens decoded {ideal}", flush=True)
-    runs: dict = {s: [] for s in SETTINGS}
+    settings = list(SETTINGS) + ([UNIFIED] if args.kv_unified else [])
+    runs: dict = {s: [] for s in settings}
     for rep in range(args.reps):
-        for setting in list(SETTINGS)[::-1 if rep % 2 else 1]:  # cache off first: an old fastpar fails at once
+        for setting in settings[::-1 if rep % 2 else 1]:  # cache off first: an old fastpar fails at once
             r = job(model, prompts, args, setting)
             runs[setting].append(r)
             print(f"rep {rep} {setting}: {r['wall']:.2f} s, prompt tokens decoded {r['decoded']}, "
@@ -118,6 +127,9 @@ def main() -> int:
     lines += ["", f"Job time on / off: {ratio:.2f} (target <= 0.35: {'met' if ratio <= 0.35 else 'missed'}); "
                   f"prompt tokens decoded with the cache on: {on_decoded:.2f}x the ideal (target <= 1.1: "
                   f"{'met' if on_decoded <= 1.1 else 'missed'})."]
+    if args.kv_unified:
+        uni = statistics.median(u["wall"] / off["wall"] for u, off in zip(runs[UNIFIED], runs["cache off"]))
+        lines.append(f"With a unified KV: job time on / off {uni:.2f}.")
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:
