@@ -167,13 +167,19 @@ def main() -> int:
             try:
                 r = asyncio.run(chat_load(server.url, convs, args.new_tokens))
                 r["reused"] = metric(server.port, REUSED["fastpar" if who.startswith("fastpar") else "llama"])
+                # fastpar's own count from submission to the first token: the rest of the client's
+                # time to first token is HTTP, the chat template and the client.
+                n = metric(server.port, "fastpar_time_to_first_token_seconds_count")
+                r["engine_ttft"] = metric(server.port, "fastpar_time_to_first_token_seconds_sum") / n if n else None
             finally:
                 server.close()
             r.update(gen_s=r["gen"] / r["wall"], p50=bench_server.percentile(r["ttfts"], 0.5),
                      p90=bench_server.percentile(r["ttfts"], 0.9))
             runs[who].append(r)
             print(f"rep {rep} {who}: {r['gen_s']:.1f} gen tok/s, TTFT p50 {r['p50'] * 1000:.0f} ms, "
-                  f"p90 {r['p90'] * 1000:.0f} ms, {r['prompt']} prompt tokens, reused {r['reused']}", flush=True)
+                  f"p90 {r['p90'] * 1000:.0f} ms, {r['prompt']} prompt tokens, reused {r['reused']}"
+                  + (f"; TTFT mean {statistics.mean(r['ttfts']) * 1000:.0f} ms, in the engine "
+                     f"{r['engine_ttft'] * 1000:.0f} ms" if r["engine_ttft"] is not None else ""), flush=True)
 
     def med(who, key):
         xs = [r[key] for r in runs[who]]
