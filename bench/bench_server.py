@@ -416,6 +416,9 @@ def main() -> int:
                                       if ok else ", /health never answered")
                         print(f"  {who}: {r['gen'] / r['wall']:.1f} gen tok/s, TTFT p50 "
                               f"{percentile(r['ttfts'], 0.5) * 1000:.0f} ms{health}", flush=True)
+                c = e.prefix_cache_stats()  # what the server's default cache did in the Engine, every repetition
+                notes.append(f"{name}: the Engine's prefix cache saved {c.n_saved} sequences to host memory and "
+                             f"restored {c.n_restored}, copying for {c.t_host_ms / 1000:.2f} s")
         finally:
             for s in servers.values():
                 s.close()

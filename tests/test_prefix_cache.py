@@ -235,6 +235,7 @@ def test_host_memory_restores_a_conversation_its_slot_gave_up(model):
     _same(got, want, "two conversations in one slot")
     s = on.prefix_cache_stats()
     assert s.n_saved >= 2 and s.n_restored >= 4, s
+    assert s.t_host_ms > 0  # the copies' time, counted
     assert all(c.n_prompt_tokens_cached > 150 for c in got[2:]), [c.n_prompt_tokens_cached for c in got]
     # A conversation's new turn supersedes its earlier entry: two entries at most.
     assert s.n_host_entries <= 2 and 0 < s.bytes_host <= s.budget_bytes

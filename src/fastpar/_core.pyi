@@ -561,6 +561,9 @@ class PrefixCacheStats:
     @property
     def n_tokens_reused(self) -> int:
         ...
+    @property
+    def t_host_ms(self) -> float:
+        ...
 class Context:
     """
     A llama.cpp context with n_parallel slots.

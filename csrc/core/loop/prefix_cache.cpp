@@ -1,6 +1,7 @@
 #include "core/loop/prefix_cache.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -9,6 +10,22 @@
 #include "core/loop/prefix_sharing.hpp"
 
 namespace fastpar {
+
+// Adds the time of a save or restore (llama.cpp's state copies: with the KV cache on a GPU,
+// device-to-host copies at admission) to the stats, so that their cost can be measured.
+class PrefixCache::HostCopyTimer {
+public:
+    explicit HostCopyTimer(PrefixCache & cache) : cache_(cache), t0_(std::chrono::steady_clock::now()) {}
+    ~HostCopyTimer() {
+        const std::chrono::duration<double, std::milli> t = std::chrono::steady_clock::now() - t0_;
+        std::lock_guard<std::mutex> lock(cache_.stats_mutex_);
+        cache_.stats_.t_host_ms += t.count();
+    }
+
+private:
+    PrefixCache & cache_;
+    std::chrono::steady_clock::time_point t0_;
+};
 
 PrefixCache::PrefixCache(size_t n_slots, int64_t budget_bytes, size_t min_tokens)
     : min_tokens_(std::max<size_t>(1, min_tokens)), budget_(std::max<int64_t>(0, budget_bytes)), held_(n_slots), held_since_(n_slots, 0) {
@@ -61,6 +78,7 @@ bool PrefixCache::worth_saving(size_t seq, size_t kept) const {
 }
 
 bool PrefixCache::save(llama_context * ctx, size_t seq) {
+    const HostCopyTimer timer(*this);
     const auto id = static_cast<llama_seq_id>(seq);
     const size_t size = llama_state_seq_get_size(ctx, id);
     if (size == 0 || static_cast<int64_t>(size) > budget_) {
@@ -91,6 +109,7 @@ bool PrefixCache::save(llama_context * ctx, size_t seq) {
 }
 
 bool PrefixCache::restore(llama_context * ctx, int32_t host, size_t seq) {
+    const HostCopyTimer timer(*this);
     HostEntry & e = host_[static_cast<size_t>(host)];
     const size_t n = llama_state_seq_set_data(ctx, e.state.data(), e.state.size(), static_cast<llama_seq_id>(seq));
     if (n == 0) {

@@ -31,6 +31,7 @@ struct PrefixCacheStats {
     int64_t budget_bytes = 0;       // most host memory they may take
     int64_t n_saved = 0;            // sequences moved to host memory
     int64_t n_restored = 0;         // host entries copied back into a slot
+    double t_host_ms = 0;           // time spent copying sequences to host memory and back
     int64_t n_evicted = 0;          // host entries dropped to stay within the budget
     int64_t n_loaded = 0;           // entries read from the cache's folder (prefix_cache_dir)
     int64_t n_refused = 0;          // files there made by another model, KV type or build, or damaged
@@ -91,6 +92,7 @@ public:
     void persist(llama_context * ctx);
 
 private:
+    class HostCopyTimer;
     struct HostEntry {
         std::vector<llama_token> tokens;
         std::vector<uint8_t> state;  // llama_state_seq_get_data's bytes

@@ -83,7 +83,9 @@ class _Metrics:
                  "n_tokens_reused", "counter"),
                 ("fastpar_prefix_cache_bytes", "Host memory the prefix cache holds", "bytes_host", "gauge"),
                 ("fastpar_prefix_cache_tokens_held", "Tokens the prefix cache holds, in slots and in host memory",
-                 None, "gauge")):
+                 None, "gauge"),
+                ("fastpar_prefix_cache_host_copy_seconds", "Time spent copying sequences to host memory and back",
+                 "t_host_ms", "counter")):
             _CacheMetric(r, name, doc, field, kind, state)
 
 
@@ -104,6 +106,8 @@ class _CacheMetric:
             value = float(s.n_tokens_held + s.n_host_tokens)
         else:
             value = float(getattr(s, self.field))
+            if self.field.endswith("_ms"):
+                value /= 1000.0  # Prometheus counts seconds
         family = CounterMetricFamily if self.kind == "counter" else GaugeMetricFamily
         yield family(self.name, self.doc, value=value)
 
