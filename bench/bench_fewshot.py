@@ -21,8 +21,9 @@ calls) against the ideal (target <= 1.1x) and prompt tokens taken from the cache
 tokenizer (bench/run.py make_prompts).
 
 --kv-unified adds a third setting, the cache on with one KV buffer for all slots
-(Context's kv_unified): a cached prefix then reaches a slot by reference to the same cells,
-not by copying a slot's buffer, and a call's documents go through attention as one batch.
+(Context's kv_unified): a step's documents are then rows of one KV stream, which llama.cpp's
+CPU flash attention takes through its tiled kernel; with a buffer per slot a 50-token
+document is too few rows a stream for it (docs/internals.md, "The prefix cache").
 
     python bench/bench_fewshot.py                     # 400 prompts in 20 calls of 20, CPU, 3 repetitions
     python bench/bench_fewshot.py --gpu --out fewshot.md
