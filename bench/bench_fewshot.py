@@ -47,16 +47,17 @@ HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import run as bench_run  # noqa: E402  (make_prompts, gpu_name)
 
-# Each setting's Context keywords: the cache on (auto budget) and off (the default).
-SETTINGS = {"cache off": dict(prefix_cache_mib=0), "cache on": dict(prefix_cache_mib=-1)}
+# Each setting's Context keywords: the cache on (auto budget) and off (the default), and the
+# cache on a unified KV (run with --kv-unified only).
 UNIFIED = "cache on, unified KV"
+SETTINGS = {"cache off": dict(prefix_cache_mib=0), "cache on": dict(prefix_cache_mib=-1),
+            UNIFIED: dict(prefix_cache_mib=-1, kv_unified=True)}
 
 
 def job(model: fastpar.Model, prompts: list, args, setting: str) -> dict:
     """The whole job on a new Context -> its seconds and the sums of its calls' statistics."""
     ctx = fastpar.Context(model, n_parallel=args.parallel, n_ctx_per_seq=args.prefix_tokens + args.doc_tokens +
-                          args.new_tokens + 8, n_threads=args.threads,
-                          **(dict(prefix_cache_mib=-1, kv_unified=True) if setting == UNIFIED else SETTINGS[setting]))
+                          args.new_tokens + 8, n_threads=args.threads, **SETTINGS[setting])
     sums = dict(decoded=0, cached=0, shared=0, gen=0)
     t0 = time.perf_counter()
     for i in range(0, len(prompts), args.chunk):
@@ -96,7 +97,7 @@ def main() -> int:
     ideal = args.prefix_tokens + args.prompts * args.doc_tokens
     print(f"{args.prompts} prompts of {args.prefix_tokens} + {args.doc_tokens} tokens in calls of {args.chunk}, "
           f"{args.parallel} slots, {args.new_tokens} new tokens; ideal prompt tokens decoded {ideal}", flush=True)
-    settings = list(SETTINGS) + ([UNIFIED] if args.kv_unified else [])
+    settings = [s for s in SETTINGS if s != UNIFIED or args.kv_unified]
     runs: dict = {s: [] for s in settings}
     for rep in range(args.reps):
         for setting in settings[::-1 if rep % 2 else 1]:  # cache off first: an old fastpar fails at once

@@ -102,12 +102,16 @@ async def chat_load(url: str, convs: list, new_tokens: int) -> dict:
     return dict(wall=time.perf_counter() - t0, gen=gen[0], prompt=prompt[0], ttfts=ttfts)
 
 
-def metric(port: int, name: str):
-    """The sum of a /metrics counter's samples, or None where the server has none of that name."""
+def metrics(port: int, *names: str) -> list:
+    """The sum of each named /metrics counter's samples (one scrape), or None where the server
+    has none of that name."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as r:
         lines = r.read().decode().splitlines()
-    values = [float(ln.rsplit(" ", 1)[1]) for ln in lines if ln.split("{")[0].split(" ")[0] == name]
-    return sum(values) if values else None
+    out = []
+    for name in names:
+        values = [float(ln.rsplit(" ", 1)[1]) for ln in lines if ln.split("{")[0].split(" ")[0] == name]
+        out.append(sum(values) if values else None)
+    return out
 
 
 def main() -> int:
@@ -166,11 +170,12 @@ def main() -> int:
             server = servers[who]()
             try:
                 r = asyncio.run(chat_load(server.url, convs, args.new_tokens))
-                r["reused"] = metric(server.port, REUSED["fastpar" if who.startswith("fastpar") else "llama"])
                 # fastpar's own count from submission to the first token: the rest of the client's
                 # time to first token is HTTP, the chat template and the client.
-                n = metric(server.port, "fastpar_time_to_first_token_seconds_count")
-                r["engine_ttft"] = metric(server.port, "fastpar_time_to_first_token_seconds_sum") / n if n else None
+                r["reused"], n, t = metrics(server.port, REUSED["fastpar" if who.startswith("fastpar") else "llama"],
+                                            "fastpar_time_to_first_token_seconds_count",
+                                            "fastpar_time_to_first_token_seconds_sum")
+                r["engine_ttft"] = t / n if n else None
             finally:
                 server.close()
             r.update(gen_s=r["gen"] / r["wall"], p50=bench_server.percentile(r["ttfts"], 0.5),
