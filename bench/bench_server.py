@@ -418,7 +418,8 @@ def main() -> int:
                               f"{percentile(r['ttfts'], 0.5) * 1000:.0f} ms{health}", flush=True)
                 c = e.prefix_cache_stats()  # what the server's default cache did in the Engine, every repetition
                 notes.append(f"{name}: the Engine's prefix cache saved {c.n_saved} sequences to host memory and "
-                             f"restored {c.n_restored}, copying for {c.t_host_ms / 1000:.2f} s")
+                             f"restored {c.n_restored}, copying for {c.t_host_ms / 1000:.2f} s; "
+                             f"{c.n_not_saved} left unsaved while saved ones went unused")
         finally:
             for s in servers.values():
                 s.close()

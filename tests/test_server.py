@@ -93,6 +93,7 @@ def test_models_health_metrics(url, client, engine):
     assert "fastpar_prefix_cache_hits_total" in m and "fastpar_prefix_cache_bytes" in m
     assert "fastpar_prefix_cache_tokens_held" in m
     assert f"fastpar_prefix_cache_host_copy_seconds_total {s.t_host_ms / 1000}" in m
+    assert f"fastpar_prefix_cache_not_saved_total {float(s.n_not_saved)}" in m
 
 
 def test_chat_stream_equals_whole_and_usage_counts_tokens(client, model, engine):

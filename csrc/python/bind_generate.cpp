@@ -277,11 +277,13 @@ void register_generate(py::module_ & m) {
         .def_readonly("n_restored", &PrefixCacheStats::n_restored)
         .def_readonly("t_host_ms", &PrefixCacheStats::t_host_ms)
         .def_readonly("n_evicted", &PrefixCacheStats::n_evicted)
+        .def_readonly("n_not_saved", &PrefixCacheStats::n_not_saved)
         .def_readonly("n_loaded", &PrefixCacheStats::n_loaded)
         .def_readonly("n_refused", &PrefixCacheStats::n_refused);
     const std::vector<const char *> cache_stats_fields = {
         "n_hits", "n_tokens_reused", "n_slots_held", "n_tokens_held", "n_host_entries", "n_host_tokens", "bytes_host",
-        "budget_bytes", "n_saved", "n_restored", "t_host_ms", "n_evicted", "n_loaded", "n_refused"};
+        "budget_bytes", "n_saved", "n_restored", "t_host_ms", "n_evicted", "n_not_saved", "n_loaded",
+        "n_refused"};
     def_record(cache_stats, "PrefixCacheStats", cache_stats_fields, cache_stats_fields);
 
     py::class_<Context>(m, "Context", "A llama.cpp context with n_parallel slots.")

@@ -304,6 +304,10 @@ PYBIND11_MODULE(_testing, m) {
           "Whether ctx's constrained rows share allowed-token sets by grammar state (its grammar cache's\n"
           "option, on by default; read when a call starts a constrained request). Off: each refusal masks\n"
           "with the row's grammar alone, the oracle the sets are compared with.");
+    m.def("set_cache_selective", &ContextTesting::set_cache_selective, py::arg("ctx"), py::arg("on"),
+          py::call_guard<py::gil_scoped_release>(),
+          "Whether ctx's prefix cache saves sequences to host memory only while saved or unsaved ones are\n"
+          "reused, as it does with its KV cache in GPU memory (ValueError without a cache).");
     m.def("allowed_sets", &ContextTesting::allowed_sets, py::arg("ctx"), py::call_guard<py::gil_scoped_release>(),
           "Whether ctx's constrained rows share allowed-token sets.");
     m.def("stress_task_pool", &fastpar::python::stress_task_pool, py::call_guard<py::gil_scoped_release>(), py::arg("n_workers"),

@@ -1,8 +1,10 @@
-// A Context's parts the tests set, as its friend: the step policy of one call and the
-// grammar cache's allowed-sets option. Context::generate itself runs the call.
+// A Context's parts the tests set, as its friend: the step policy of one call, the
+// grammar cache's allowed-sets option and the prefix cache's selective saving. Context::generate itself runs the call.
 #include <memory>
+#include <stdexcept>
 #include <utility>
 
+#include "core/loop/prefix_cache.hpp"
 #include "core/structured/grammar_cache.hpp"
 #include "testing/probes.hpp"
 
@@ -47,6 +49,14 @@ void ContextTesting::set_allowed_sets(Context & ctx, bool on) {
 bool ContextTesting::allowed_sets(Context & ctx) {
     std::lock_guard<std::mutex> lock(ctx.mutex_);
     return !ctx.grammars_ || ctx.grammars_->allowed_sets();
+}
+
+void ContextTesting::set_cache_selective(Context & ctx, bool on) {
+    std::lock_guard<std::mutex> lock(ctx.mutex_);
+    if (!ctx.cache_) {
+        throw std::invalid_argument("set_cache_selective: the context has no prefix cache");
+    }
+    ctx.cache_->set_selective(on);
 }
 
 }  // namespace fastpar

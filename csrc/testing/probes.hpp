@@ -84,6 +84,9 @@ struct ContextTesting {
     // option; on by default). Off: each refusal masks with the row's grammar alone.
     static void set_allowed_sets(Context & ctx, bool on);
     static bool allowed_sets(Context & ctx);
+    // Whether ctx's prefix cache saves selectively, as it does with its KV cache in GPU
+    // memory (prefix_cache.hpp); std::invalid_argument when the context has no cache.
+    static void set_cache_selective(Context & ctx, bool on);
 
 private:
     // The context's grammar cache, made as Context::with_scheduler makes it (with the

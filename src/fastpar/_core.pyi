@@ -544,6 +544,9 @@ class PrefixCacheStats:
     def n_loaded(self) -> int:
         ...
     @property
+    def n_not_saved(self) -> int:
+        ...
+    @property
     def n_refused(self) -> int:
         ...
     @property

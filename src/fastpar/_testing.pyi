@@ -5,7 +5,7 @@ from __future__ import annotations
 import collections.abc
 import fastpar._core
 import typing
-__all__: list[str] = ['MAX_PADDED_GAP_GPU', 'MIN_POOLED', 'MIN_POOLED_WORK', 'MIN_SHARED_PREFIX', 'MIN_SPLIT', 'PlanInput', 'PrefixSharing', 'STREAMING_DECODE_WAITS', 'SharingView', 'StepPolicy', 'TextStream', 'UNLIMITED_DECODE_WAITS', 'allowed_sets', 'available_cpus', 'cgroup_cpu_quota', 'choose_way', 'choose_work', 'compare_masks', 'cpu_batch', 'cpus_within', 'device_serves', 'fail_engine_worker', 'generate_with_policy', 'gpu_batch', 'measure_grammar', 'plan_step', 'resolve_step_policy', 'rows_split', 'sample_against_llama', 'set_allowed_sets', 'stress_task_pool', 'thread_governor_decide']
+__all__: list[str] = ['MAX_PADDED_GAP_GPU', 'MIN_POOLED', 'MIN_POOLED_WORK', 'MIN_SHARED_PREFIX', 'MIN_SPLIT', 'PlanInput', 'PrefixSharing', 'STREAMING_DECODE_WAITS', 'SharingView', 'StepPolicy', 'TextStream', 'UNLIMITED_DECODE_WAITS', 'allowed_sets', 'available_cpus', 'cgroup_cpu_quota', 'choose_way', 'choose_work', 'compare_masks', 'cpu_batch', 'cpus_within', 'device_serves', 'fail_engine_worker', 'generate_with_policy', 'gpu_batch', 'measure_grammar', 'plan_step', 'resolve_step_policy', 'rows_split', 'sample_against_llama', 'set_allowed_sets', 'set_cache_selective', 'stress_task_pool', 'thread_governor_decide']
 class StepPolicy:
     """
     The step's CPU/GPU choices (core/loop/step_policy.hpp).
@@ -188,6 +188,11 @@ def set_allowed_sets(ctx: fastpar._core.Context, on: bool) -> None:
     Whether ctx's constrained rows share allowed-token sets by grammar state (its grammar cache's
     option, on by default; read when a call starts a constrained request). Off: each refusal masks
     with the row's grammar alone, the oracle the sets are compared with.
+    """
+def set_cache_selective(ctx: fastpar._core.Context, on: bool) -> None:
+    """
+    Whether ctx's prefix cache saves sequences to host memory only while saved or unsaved ones are
+    reused, as it does with its KV cache in GPU memory (ValueError without a cache).
     """
 def stress_task_pool(n_workers: typing.SupportsInt | typing.SupportsIndex, runs: typing.SupportsInt | typing.SupportsIndex, caller_spin_us: typing.SupportsInt | typing.SupportsIndex = 0, anticipate_us: typing.SupportsInt | typing.SupportsIndex = 0) -> int:
     """

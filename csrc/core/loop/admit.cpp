@@ -241,6 +241,9 @@ void Scheduler::reuse_cached(Slot & slot) {
     n = n >= cache_->min_tokens() ? n : 0;
     const CacheMatch host = cache_->longest_on_host(slot.prompt, limit);
     const bool from_host = host.host >= 0 && host.n >= n + cache_->min_tokens();
+    if (limit > 0) {
+        cache_->note_prompt(slot.prompt, from_host ? host.n : n);
+    }
     if (n < held.size() && cache_->worth_saving(seq, from_host ? 0 : n)) {
         cache_->save(ctx_, seq);  // what this slot held beyond n stays cached in host memory
     }

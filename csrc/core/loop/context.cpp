@@ -288,7 +288,7 @@ Context::Context(std::shared_ptr<const Model> model, const ContextParams & param
     if (params_.prefix_cache_mib != 0 && !params_.embeddings && memory_copies_by_position(model_->get())) {
         cache_ = std::make_unique<PrefixCache>(static_cast<size_t>(params_.n_parallel),
                                                prefix_cache_budget(params_.prefix_cache_mib),
-                                               static_cast<size_t>(kMinSharedPrefix));
+                                               static_cast<size_t>(kMinSharedPrefix), model_->on_gpu());
         if (!params_.prefix_cache_dir.empty()) {
             try {
                 cache_->keep_in(params_.prefix_cache_dir, prefix_cache_identity(*model_, params_));

@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -33,6 +34,7 @@ struct PrefixCacheStats {
     int64_t n_restored = 0;         // host entries copied back into a slot
     double t_host_ms = 0;           // time spent copying sequences to host memory and back
     int64_t n_evicted = 0;          // host entries dropped to stay within the budget
+    int64_t n_not_saved = 0;        // sequences left unsaved while saved ones went unused (GPU)
     int64_t n_loaded = 0;           // entries read from the cache's folder (prefix_cache_dir)
     int64_t n_refused = 0;          // files there made by another model, KV type or build, or damaged
 };
@@ -46,10 +48,14 @@ struct CacheMatch {
 class PrefixCache {
 public:
     // `n_slots` slots; host entries take at most `budget_bytes` (0: none are kept, slots
-    // still keep theirs); a prefix shorter than `min_tokens` is decoded again.
-    PrefixCache(size_t n_slots, int64_t budget_bytes, size_t min_tokens);
+    // still keep theirs); a prefix shorter than `min_tokens` is decoded again. `selective`
+    // where a save stalls the device (a KV cache in GPU memory): sequences are then saved
+    // only while later prompts reuse what was saved, or would have (worth_saving).
+    PrefixCache(size_t n_slots, int64_t budget_bytes, size_t min_tokens, bool selective);
 
     size_t min_tokens() const { return min_tokens_; }
+    // Whether saving is selective (the constructor's `selective`; tests set it on a CPU).
+    void set_selective(bool on) { selective_ = on; }
     // The tokens slot `seq`'s KV holds while it is idle (empty: none).
     const std::vector<llama_token> & held(size_t seq) const { return held_[seq]; }
     // Slot `seq` finished and keeps `tokens` (its prompt and fed tokens) in its KV.
@@ -63,9 +69,12 @@ public:
     // used idle slot is the one reused first.
     uint64_t held_since(size_t seq) const { return held_[seq].empty() ? 0 : held_since_[seq]; }
     // Whether slot `seq`'s held sequence should move to host memory before the slot is
-    // reused with its first `kept` tokens kept: it is long enough, and enough of it is held
-    // nowhere else.
-    bool worth_saving(size_t seq, size_t kept) const;
+    // reused with its first `kept` tokens kept: it is long enough, enough of it is held
+    // nowhere else, and (selective) recent prompts reused saved or unsaved sequences.
+    bool worth_saving(size_t seq, size_t kept);
+    // Selective: a prompt that got `got` tokens from the cache notes whether an unsaved
+    // sequence would have given it more (evidence that saving pays). Before worth_saving.
+    void note_prompt(const std::vector<llama_token> & prompt, size_t got);
     // Moves slot `seq`'s held sequence to host memory (its KV stays, for the caller to reuse
     // or clear), evicting least recently used entries to stay within the budget. Returns
     // false if it did not fit or llama.cpp gave no state.
@@ -105,6 +114,10 @@ private:
 
     size_t min_tokens_;
     int64_t budget_;
+    bool selective_;
+    double reuse_ = 0;  // selective: prompts reusing a saved or unsaved sequence, per candidate (decaying mean)
+    std::deque<std::vector<llama_token>> unsaved_;  // selective: recent sequences not saved (tokens only)
+    size_t unsaved_tokens_ = 0;
     uint64_t clock_ = 0;
     std::vector<std::vector<llama_token>> held_;  // per slot
     std::vector<uint64_t> held_since_;            // per slot

@@ -85,7 +85,9 @@ class _Metrics:
                 ("fastpar_prefix_cache_tokens_held", "Tokens the prefix cache holds, in slots and in host memory",
                  None, "gauge"),
                 ("fastpar_prefix_cache_host_copy_seconds", "Time spent copying sequences to host memory and back",
-                 "t_host_ms", "counter")):
+                 "t_host_ms", "counter"),
+                ("fastpar_prefix_cache_not_saved", "Sequences left unsaved while saved ones went unused (GPU)",
+                 "n_not_saved", "counter")):
             _CacheMetric(r, name, doc, field, kind, state)
 
 
