@@ -16,7 +16,7 @@ the in-process Engine has the server's default cache. Each measurement is the me
 Workloads (CPU): W1 the speed model (Qwen3-0.6B shape, Q4_K_M), 8 users, 32-token prompts,
 50 new tokens; W4 the default model, 400 requests of 64 tokens, 4 new; chat the default
 model, chat messages of mixed lengths (16-400 tokens) and answers (8-96 tokens), 8 users.
---gpu: every layer on the GPU, the speed model with 64 and 256 users (as many slots), and
+--gpu: every layer on the GPU, the speed model with 64 and 256 users (as many slots, or --slots), and
 with --workloads mixed also 256 users whose answers are 10-90 tokens long (mean 50).
 
 While a load runs, a thread of the bench GETs each server's /health every 50 ms (a new
@@ -354,6 +354,9 @@ def main() -> int:
                          "at least 1)")
     ap.add_argument("--kv-unified", action="store_true",
                     help="also fastpar serve --kv-unified (one KV buffer for all slots)")
+    ap.add_argument("--slots", type=int, default=None,
+                    help="slots of every server and the Engine (default: one per user): more slots than users is a "
+                         "server sized for its peak, where which idle slot a request takes matters on a GPU")
     ap.add_argument("--out", default=None, help="the result file (default bench/results/<machine>-server.md)")
     args = ap.parse_args()
     bench_run.Target.gpu = args.gpu
@@ -376,19 +379,20 @@ def main() -> int:
                                                         args.reps):
         procs = args.client_procs or max(1, min(users // 32, (os.cpu_count() or 1) // 4))
         n_reqs = len(rep_reqs[0])
-        print(f"== {name}: {n_reqs} requests, {users} users, {procs} client process(es)", flush=True)
+        slots = max(users, args.slots or users)
+        print(f"== {name}: {n_reqs} requests, {users} users, {slots} slots, {procs} client process(es)", flush=True)
         runs: dict = {}
         failed: dict = {}
-        servers = {"fastpar serve": fastpar_server(path, users, n_ctx, args.threads),
-                   FASTPAR_CACHE_OFF: fastpar_server(path, users, n_ctx, args.threads, ["--prefix-cache-mib", "0"])}
+        servers = {"fastpar serve": fastpar_server(path, slots, n_ctx, args.threads),
+                   FASTPAR_CACHE_OFF: fastpar_server(path, slots, n_ctx, args.threads, ["--prefix-cache-mib", "0"])}
         if args.kv_unified:
-            servers["fastpar serve --kv-unified"] = fastpar_server(path, users, n_ctx, args.threads, ["--kv-unified"])
+            servers["fastpar serve --kv-unified"] = fastpar_server(path, slots, n_ctx, args.threads, ["--kv-unified"])
         for setting, extra in LLAMA_SERVER_SETTINGS.items():
             if setting in args.llama_settings.split(","):
-                servers[f"llama-server {setting}"] = llama_server(tools["llama-server"], path, users, n_ctx,
+                servers[f"llama-server {setting}"] = llama_server(tools["llama-server"], path, slots, n_ctx,
                                                                   args.threads, extra)
         try:
-            with fastpar.Engine(models[path], n_parallel=users, n_ctx_per_seq=n_ctx, n_threads=args.threads,
+            with fastpar.Engine(models[path], n_parallel=slots, n_ctx_per_seq=n_ctx, n_threads=args.threads,
                                 prefix_cache_mib=SERVE_PREFIX_CACHE_MIB) as e:
                 for rep in range(args.reps):
                     reqs = rep_reqs[rep]
@@ -457,12 +461,12 @@ def main() -> int:
              f"{f' --workloads {args.workloads}' if not args.gpu or 'mixed' in args.workloads else ''} "
              f"--reps {args.reps} --speed-type {args.speed_type} --llama-settings {args.llama_settings}"
              f"{f' --client-procs {args.client_procs}' if args.client_procs else ''}"
-             f"{' --kv-unified' if args.kv_unified else ''}`; "
+             f"{' --kv-unified' if args.kv_unified else ''}{f' --slots {args.slots}' if args.slots else ''}`; "
              f"fastpar {fastpar.__version__}, {machine}; "
              f"{time.strftime('%Y-%m-%d')}. Load average before {load_before[0]:.1f}, after {load_after[0]:.1f} "
              f"(other processes shared the machine when it is above the core count).", "",
              "Users send their next request when the last ends (async openai client, streamed, ignore_eos); "
-             "slots = users. Median of the repetitions by generated tokens/s; TTFT = send to first text. "
+             f"{f'{args.slots} slots (at least one per user)' if args.slots else 'slots = users'}. Median of the repetitions by generated tokens/s; TTFT = send to first text. "
              "x llama-server: against llama-server's best setting (marked *); paired: the median over "
              "repetitions of that ratio within one repetition, whose servers run back to back. "
              "HTTP / in-process: fastpar serve against the Engine in the bench process on the same load, "
