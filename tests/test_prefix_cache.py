@@ -329,6 +329,40 @@ def test_saving_is_selective_where_a_save_stalls_the_device(model):
     assert on.prefix_cache_stats().n_not_saved == 7
 
 
+def test_where_a_step_costs_its_span_a_new_prompt_takes_the_lowest_idle_slot(model):
+    """Under a GPU's step rules, where a step costs the span of slots it covers, a prompt
+    with nothing cached takes the lowest idle slot, as with the cache off; a CPU's take the
+    least recently used, which keeps recent sequences longest but scatters the running ones
+    (on a GPU, a server with more slots than requests would step over all of them)."""
+    from fastpar import _core, _testing
+
+    ctx = _ctx(model, n_parallel=8, n_ctx_per_seq=256)
+    rules = dict(kv_unified=False, memory_copies_by_position=True, share_prefixes=True, n_parallel=8,
+                 n_threads=ctx.n_threads)
+    gpu = _testing.resolve_step_policy(output_on_gpu=True, **rules)
+    cpu = _testing.resolve_step_policy(output_on_gpu=False, **rules)
+    assert gpu.compact_slots and not cpu.compact_slots
+
+    def run(prompts, max_tokens, policy):
+        params = []
+        for m in max_tokens:
+            p = _core.GenerateParams()
+            p.max_tokens, p.temperature, p.ignore_eos = m, 0.0, True
+            params.append(p)
+        for c in _testing.generate_with_policy(ctx._ctx, prompts, params, policy):
+            assert c.finish_reason == "length", c.error
+
+    stories = [f"Story {i}: " + PROMPTS[i % len(PROMPTS)] * 6 for i in range(8)]
+    notes = [f"Note {i}: hello." for i in range(3)]  # nothing in common with a story
+    for policy, want in ((cpu, [1, 3, 5]), (gpu, [0, 1, 2])):
+        ctx.clear_prefix_cache()
+        run(stories, [24, 4, 24, 4, 24, 4, 24, 24], policy)  # slots 1, 3 and 5 finish first
+        run(notes, [4, 4, 4], policy)
+        pos = ctx.kv_seq_pos_max()
+        assert min(pos) >= 0 and [s for s, p in enumerate(pos) if p < 20] == want, pos
+    assert ctx.last_stats.n_padding_tokens == 0  # three slots side by side: nothing to pad
+
+
 def test_scoring_with_the_cache_equals_without(model):
     on, off = _ctx(model), _ctx(model, prefix_cache_mib=0)
     pairs = [(SYSTEM + q, " We open at nine.") for q in QUESTIONS[:4]]

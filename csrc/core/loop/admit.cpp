@@ -195,7 +195,10 @@ void Scheduler::admit() {
 }
 
 // The free slot for a prompt: the one whose cached sequence starts like it the longest way
-// (at least the cache's minimum), else an empty one, else the least recently used.
+// (at least the cache's minimum), else an empty one, else the least recently used: recent
+// sequences are kept longest. Where a step costs the span of slots it covers (a GPU's
+// compact_slots), else the lowest, as with the cache off: the least recently used idle
+// slots of a server with more slots than requests are spread over all of them.
 Slot & Scheduler::pick_slot(const std::vector<llama_token> & tokens) {
     Slot * best = nullptr;
     size_t best_n = 0;
@@ -212,7 +215,7 @@ Slot & Scheduler::pick_slot(const std::vector<llama_token> & tokens) {
             n = n >= cache_->min_tokens() ? n : 0;
             since = cache_->held_since(seq);
         }
-        if (best == nullptr || n > best_n || (n == best_n && since < best_since)) {
+        if (best == nullptr || n > best_n || (n == best_n && !policy_.compact_slots && since < best_since)) {
             best = sp.get();
             best_n = n;
             best_since = since;
