@@ -26,6 +26,17 @@ def test_common_prefix_is_recorded_both_ways():
     assert ps.common(0, 2) == 0
 
 
+def test_common_prefix_across_and_within_blocks():
+    # common_prefix compares 64-token blocks first, then token by token: a difference at
+    # every place around the block edges, and one prompt ending where the other goes on.
+    base = list(range(1000, 1300))
+    for at in (0, 1, 63, 64, 65, 127, 128, 129, 200, 299):
+        other = base[:at] + [-1] + base[at + 1:]
+        assert sharing([base, other]).common(0, 1) == at, at
+        assert sharing([base, base[:at]]).common(0, 1) == at, at
+    assert sharing([base, list(base)]).common(0, 1) == len(base)
+
+
 def test_a_prefilling_slot_copies_from_the_donor_that_holds_the_most():
     base = list(range(100, 120))
     prompts = [base + [1, 2], base[:10] + [5] * 12, base + [3, 4, 5], base + [9]]
