@@ -289,9 +289,8 @@ def test_memory_stays_within_the_budget(model):
 
 
 def test_saving_is_selective_where_a_save_stalls_the_device(model):
-    """With the KV cache in GPU memory a save stalls the device as long as a decode step, so
-    sequences are saved only while prompts reuse saved or unsaved ones (prefix_cache.cpp);
-    the same rule on the CPU. Prompts that never come back cost no copy; conversations that
+    """With the KV cache in GPU memory a save stalls the device, so sequences are saved only
+    while prompts reuse saved or unsaved ones (prefix_cache.cpp); the same rule on the CPU. Prompts that never come back cost no copy; conversations that
     come back turn saving on at their first return, and outputs equal the cache off."""
     from fastpar import _testing
 

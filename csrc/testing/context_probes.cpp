@@ -1,5 +1,6 @@
-// A Context's parts the tests set, as its friend: the step policy of one call, the
-// grammar cache's allowed-sets option and the prefix cache's selective saving. Context::generate itself runs the call.
+// A Context's parts the tests set, as its friend: the step policy of one call, the grammar
+// cache's allowed-sets option and the prefix cache's selective saving. Context::generate
+// itself runs the call.
 #include <memory>
 #include <stdexcept>
 #include <utility>

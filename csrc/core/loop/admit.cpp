@@ -195,10 +195,10 @@ void Scheduler::admit() {
 }
 
 // The free slot for a prompt: the one whose cached sequence starts like it the longest way
-// (at least the cache's minimum), else an empty one, else the least recently used: recent
-// sequences are kept longest. Where a step costs the span of slots it covers (a GPU's
-// compact_slots), else the lowest, as with the cache off: the least recently used idle
-// slots of a server with more slots than requests are spread over all of them.
+// (at least the cache's minimum), else an empty one, else the least recently used (recent
+// sequences are kept longest). Where a step costs the span of slots it covers (a GPU's
+// compact_slots), the lowest idle slot instead, as with the cache off: in a server with more
+// slots than requests the least recently used are spread over all the slots.
 Slot & Scheduler::pick_slot(const std::vector<llama_token> & tokens) {
     Slot * best = nullptr;
     size_t best_n = 0;

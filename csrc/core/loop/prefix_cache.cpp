@@ -33,10 +33,10 @@ namespace {
 // device waits (~9 MB for the speed model's 82 tokens). With every prompt new, such saves are
 // all the cache adds, and the server with its cache on made 0.52-0.60x the tokens/s of the
 // cache off on an H200 (docs/internals.md, "The prefix cache"). A save pays only if a later
-// prompt reuses it, so sequences are saved while recent prompts reused
-// at least half of a saved or an unsaved sequence: kReuseWeight per such prompt, a decaying
-// mean over the candidates for saving, at least kReuseFloor (one prompt in the last ~6
-// candidates). The unsaved are remembered by their tokens alone, within bounds.
+// prompt reuses it, so sequences are saved while recent prompts were restored from host
+// memory or would have taken at least half of an unsaved sequence: kReuseWeight for each
+// such prompt, a mean decaying at each candidate for saving, at least kReuseFloor (one such
+// prompt in the last ~6 candidates). The unsaved are remembered by their tokens, within bounds.
 constexpr double kReuseWeight = 1.0 / 8;
 constexpr double kReuseFloor = 1.0 / 16;
 constexpr size_t kMaxUnsaved = 256;
