@@ -328,11 +328,13 @@ def test_saving_is_selective_where_a_save_stalls_the_device(model):
     assert on.prefix_cache_stats().n_not_saved == 7
 
 
-def test_where_a_step_costs_its_span_a_new_prompt_takes_the_lowest_idle_slot(model):
+def test_where_a_step_costs_its_span_a_new_prompt_keeps_the_running_slots_together(model):
     """Under a GPU's step rules, where a step costs the span of slots it covers, a prompt
-    with nothing cached takes the lowest idle slot, as with the cache off; a CPU's take the
-    least recently used, which keeps recent sequences longest but scatters the running ones
-    (on a GPU, a server with more slots than requests would step over all of them)."""
+    with nothing cached takes the idle slot that widens the running slots' span least; a
+    CPU's take an empty slot, else the least recently used, which keeps recent sequences
+    longest but scatters the running ones (on a GPU, a server with more slots than requests
+    would step over all of them). With nothing running, both take the empty or least
+    recently used slot: one prompt at a time keeps each conversation in a slot of its own."""
     from fastpar import _core, _testing
 
     ctx = _ctx(model, n_parallel=8, n_ctx_per_seq=256)
@@ -351,15 +353,24 @@ def test_where_a_step_costs_its_span_a_new_prompt_takes_the_lowest_idle_slot(mod
         for c in _testing.generate_with_policy(ctx._ctx, prompts, params, policy):
             assert c.finish_reason == "length", c.error
 
+    def holding_notes():
+        pos = ctx.kv_seq_pos_max()
+        assert min(pos) >= 0, pos
+        return [s for s, p in enumerate(pos) if p < 20]
+
     stories = [f"Story {i}: " + PROMPTS[i % len(PROMPTS)] * 6 for i in range(8)]
     notes = [f"Note {i}: hello." for i in range(3)]  # nothing in common with a story
     for policy, want in ((cpu, [1, 3, 5]), (gpu, [0, 1, 2])):
         ctx.clear_prefix_cache()
         run(stories, [24, 4, 24, 4, 24, 4, 24, 24], policy)  # slots 1, 3 and 5 finish first
         run(notes, [4, 4, 4], policy)
-        pos = ctx.kv_seq_pos_max()
-        assert min(pos) >= 0 and [s for s, p in enumerate(pos) if p < 20] == want, pos
+        assert holding_notes() == want
     assert ctx.last_stats.n_padding_tokens == 0  # three slots side by side: nothing to pad
+    ctx.clear_prefix_cache()
+    for note in notes[:2]:
+        run([note], [4], gpu)
+    pos = ctx.kv_seq_pos_max()
+    assert pos[0] >= 0 and pos[1] >= 0 and max(pos[2:]) == -1, pos
 
 
 def test_scoring_with_the_cache_equals_without(model):

@@ -197,11 +197,21 @@ void Scheduler::admit() {
 // The free slot for a prompt: the one whose cached sequence starts like it the longest way
 // (at least the cache's minimum), else an empty one, else the least recently used (recent
 // sequences are kept longest). Where a step costs the span of slots it covers (a GPU's
-// compact_slots), the lowest idle slot instead, as with the cache off: in a server with more
-// slots than requests the least recently used are spread over all the slots.
+// compact_slots), a slot that widens the running slots' span least comes before those two:
+// the least recently used idle slots of a server with more slots than requests are spread
+// over all the slots, and steps over them would cost as if every slot ran.
 Slot & Scheduler::pick_slot(const std::vector<llama_token> & tokens) {
+    size_t lo = slots_.size(), hi = 0;  // the running slots' span (lo > hi: none, or not counted)
+    if (policy_.compact_slots) {
+        for (const auto & sp : slots_) {
+            if (sp->active()) {
+                lo = std::min(lo, static_cast<size_t>(sp->seq));
+                hi = std::max(hi, static_cast<size_t>(sp->seq));
+            }
+        }
+    }
     Slot * best = nullptr;
-    size_t best_n = 0;
+    size_t best_n = 0, best_widens = 0;
     uint64_t best_since = 0;
     for (auto & sp : slots_) {
         if (sp->active()) {
@@ -215,9 +225,12 @@ Slot & Scheduler::pick_slot(const std::vector<llama_token> & tokens) {
             n = n >= cache_->min_tokens() ? n : 0;
             since = cache_->held_since(seq);
         }
-        if (best == nullptr || n > best_n || (n == best_n && !policy_.compact_slots && since < best_since)) {
+        const size_t widens = lo > hi ? 0 : seq > hi ? seq - hi : lo > seq ? lo - seq : 0;
+        if (best == nullptr || n > best_n ||
+            (n == best_n && (widens < best_widens || (widens == best_widens && since < best_since)))) {
             best = sp.get();
             best_n = n;
+            best_widens = widens;
             best_since = since;
         }
     }
