@@ -466,7 +466,8 @@ def main() -> int:
              f"{time.strftime('%Y-%m-%d')}. Load average before {load_before[0]:.1f}, after {load_after[0]:.1f} "
              f"(other processes shared the machine when it is above the core count).", "",
              "Users send their next request when the last ends (async openai client, streamed, ignore_eos); "
-             f"{f'{args.slots} slots (at least one per user)' if args.slots else 'slots = users'}. Median of the repetitions by generated tokens/s; TTFT = send to first text. "
+             f"{f'{args.slots} slots (at least one per user)' if args.slots else 'slots = users'}. "
+             "Median of the repetitions by generated tokens/s; TTFT = send to first text. "
              "x llama-server: against llama-server's best setting (marked *); paired: the median over "
              "repetitions of that ratio within one repetition, whose servers run back to back. "
              "HTTP / in-process: fastpar serve against the Engine in the bench process on the same load, "
