@@ -58,6 +58,9 @@ def main() -> int:
     ap.add_argument("--longest-first", action="store_true",
                     help="also the same load with the prompts ordered by output length, longest first")
     ap.add_argument("--no-raw", action="store_true", help="leave out llama-batched-bench")
+    ap.add_argument("--prefix-cache-mib", type=int, default=0,
+                    help="the context's prefix cache (-1: fastpar serve's default); cleared before each call, "
+                         "so that only what it does within a call counts (finished slots keep their sequences)")
     ap.add_argument("--out", default=None, help="write the results as JSON here")
     args = ap.parse_args()
 
@@ -73,7 +76,8 @@ def main() -> int:
     mean_out = round(statistics.mean(lengths))
     total = sum(lengths)
     model = fastpar.Model(args.model, n_gpu_layers=args.n_gpu_layers)
-    ctx = fastpar.Context(model, n_parallel=args.seqs, n_ctx_per_seq=2 * args.max_len)
+    ctx = fastpar.Context(model, n_parallel=args.seqs, n_ctx_per_seq=2 * args.max_len,
+                          prefix_cache_mib=args.prefix_cache_mib)
     own = [fastpar.SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=n, seed=i)
            for i, n in enumerate(lengths)]
     lockstep = [fastpar.SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=mean_out, seed=i)
@@ -88,6 +92,8 @@ def main() -> int:
         ordered_prompts, ordered_params = [prompts[i] for i in order], [params[i] for i in order]
 
         def go():
+            if args.prefix_cache_mib:
+                ctx.clear_prefix_cache()
             t0 = time.perf_counter()
             out = fastpar.generate_parallel(ctx, ordered_prompts, ordered_params)
             wall = time.perf_counter() - t0
@@ -124,6 +130,8 @@ def main() -> int:
 
     first = loads[0][0]
     median = {name: statistics.median(r["tok_s"] for r in runs) for name, runs in rows.items()}
+    if args.prefix_cache_mib:
+        print(f"prefix cache: {ctx.prefix_cache_stats()}")
     print(f"\n{args.seqs} sequences, prompts {mean_prompt} and outputs {mean_out} tokens on average, "
           f"{total} output tokens; medians of {args.reps}:")
     for name, _ in loads:
@@ -132,7 +140,7 @@ def main() -> int:
     if args.out:
         pathlib.Path(args.out).write_text(json.dumps(dict(
             what="nano-vllm's benchmark workload", machine=f"{platform.machine()}, {os.cpu_count()} cores",
-            model=os.path.basename(args.model), seqs=args.seqs, mean_prompt=mean_prompt, mean_output=mean_out,
+            model=os.path.basename(args.model), prefix_cache_mib=args.prefix_cache_mib, seqs=args.seqs, mean_prompt=mean_prompt, mean_output=mean_out,
             output_tokens=total, reps=rows, median_tok_s=median), indent=1) + "\n")
     return 0
 

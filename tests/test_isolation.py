@@ -57,8 +57,10 @@ def test_running_sequences_move_into_freed_slots(model, solo, device_sampling):
     buffer): the steps after that have no gaps to pad. Run here with that rule off and on;
     each prompt's output is its solo output either way (on a GPU up to rounding, the moved
     sequence's row being another: conftest.py), every moved sequence takes its device-sampling
-    chain along, and the cache ends clean. A slot holding a cached prefix is no target, and
-    a pad in it goes after what it holds (Scheduler::pad_position)."""
+    chain along, and the cache ends clean. With the prefix cache, a slot in a gap holding a
+    cached sequence is a target too: that sequence moves to an empty slot, or (none empty,
+    here at first) goes to host memory as when a prompt reuses the slot; the second call
+    finds every sequence where it went."""
     from fastpar import _core, _testing
 
     ctx = fastpar.Context(model, n_parallel=8, n_ctx_per_seq=256, device_sampling=device_sampling)
@@ -75,7 +77,8 @@ def test_running_sequences_move_into_freed_slots(model, solo, device_sampling):
     padding = {}
     # The cached context runs twice: the second call starts from the sequences the first left
     # in the slots, so a pad that had wiped one (the cache still counting it) would show.
-    for c, compact in ((ctx, False), (ctx, True), (cached, True), (cached, True)):
+    runs = ((ctx, False), (ctx, True), (cached, True), (cached, True))
+    for i, (c, compact) in enumerate(runs):
         policy = _testing.resolve_step_policy(output_on_gpu=True, kv_unified=False, memory_copies_by_position=True,
                                               share_prefixes=True, n_parallel=8, n_threads=c.n_threads)
         assert policy.compact_slots and policy.max_padded_gap > 0
@@ -84,14 +87,26 @@ def test_running_sequences_move_into_freed_slots(model, solo, device_sampling):
         for r, prompt, m in zip(results, prompts, budgets):
             assert r.finish_reason == "length", r.error  # each runs to its budget: the gaps are as planned
             assert_same_greedy(r, solo(prompt, m), f"{prompt!r}, compact_slots={compact}")
-        padding[(c is cached, compact)] = c.last_stats.n_padding_tokens
         assert_clean(c)
-    assert cached.last_stats.n_prompt_tokens_cached > 0
+        if i == 2:
+            padding[(True, True)] = c.last_stats.n_padding_tokens
+            # Every slot was taken: the first gap's sequence (slot 6's, 15 tokens, too short
+            # to save) had no empty slot to go to and was dropped; the others moved aside.
+            s = c.prefix_cache_stats()
+            assert s.n_slots_held == 7 and s.n_saved + s.n_not_saved == 0, s
+        elif i == 3:
+            # What the first call left where it went is found: each prompt long enough to be
+            # kept starts from all but its last token.
+            hits = [r.n_prompt_tokens == 1 for r in results  # n_prompt_tokens: those decoded
+                    if r.n_prompt_tokens + r.n_prompt_tokens_cached - 1 >= _testing.MIN_SHARED_PREFIX]
+            assert len(hits) == 7 and all(hits), [(r.n_prompt_tokens, r.n_prompt_tokens_cached) for r in results]
+        else:
+            padding[(False, compact)] = c.last_stats.n_padding_tokens
     # Without the rule the freed slots are padded for 19 steps or more; with it the running
-    # ones move down at once. With the prefix cache each freed slot holds its sequence.
+    # ones move down at once, with the prefix cache too.
     assert padding[(False, False)] >= 19, padding
     assert padding[(False, True)] == 0, padding
-    assert padding[(True, True)] > 0, padding
+    assert padding[(True, True)] == 0, padding
 
 
 def test_isolation_with_unified_kv(model, solo):

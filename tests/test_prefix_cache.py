@@ -360,11 +360,14 @@ def test_where_a_step_costs_its_span_a_new_prompt_keeps_the_running_slots_togeth
 
     stories = [f"Story {i}: " + PROMPTS[i % len(PROMPTS)] * 6 for i in range(8)]
     notes = [f"Note {i}: hello." for i in range(3)]  # nothing in common with a story
-    for policy, want in ((cpu, [1, 3, 5]), (gpu, [0, 1, 2])):
+    for policy in (cpu, gpu):
         ctx.clear_prefix_cache()
         run(stories, [24, 4, 24, 4, 24, 4, 24, 24], policy)  # slots 1, 3 and 5 finish first
         run(notes, [4, 4, 4], policy)
-        assert holding_notes() == want
+        got = holding_notes()
+        # The CPU's rules: the least recently used slots. The GPU's: side by side (where
+        # depends on how the stories' running sequences were moved together).
+        assert got == ([1, 3, 5] if policy is cpu else list(range(got[0], got[0] + 3))), got
     assert ctx.last_stats.n_padding_tokens == 0  # three slots side by side: nothing to pad
     ctx.clear_prefix_cache()
     for note in notes[:2]:

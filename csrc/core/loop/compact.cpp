@@ -3,11 +3,13 @@
 // in it: once sequences of different lengths end and nothing waits to refill their slots,
 // those still running are scattered, and every step pads the gaps (or splits at them), so
 // it costs a step of all the slots however few run. Moving the highest running sequence
-// down into the lowest idle slot (a copy of its whole KV buffer, made by llama.cpp before
-// the next step) keeps them in slots 0..n-1, where a step costs what its sequences need
-// (docs/internals.md, "Slots kept together": nano-vllm's load 1.39x on an H200).
+// down into the lowest idle slot above the lowest running one (a copy of its whole KV buffer,
+// made by llama.cpp before the next step) keeps them side by side, where a step costs what
+// its sequences need (docs/internals.md, "Slots kept together": nano-vllm's load 1.39x on
+// an H200). A cached sequence in such a slot moves aside first (vacate_held).
 #include <utility>
 
+#include "core/loop/prefix_cache.hpp"
 #include "core/loop/scheduler.hpp"
 #include "core/loop/slot.hpp"
 
@@ -19,24 +21,29 @@ void Scheduler::compact() {
     }
     // Only between generation steps: a prompt still decoding may be paired with a donor slot
     // by seq_id (prefix_sharing.hpp), and a scored slot ends after the next step's copies.
-    for (const auto & sp : slots_) {
-        if (sp->active() && sp->state != SlotState::Generating) {
+    size_t lo = slots_.size();  // the lowest running slot: gaps above it are filled
+    for (size_t i = 0; i < slots_.size(); ++i) {
+        if (slots_[i]->active() && slots_[i]->state != SlotState::Generating) {
             return;
         }
+        if (slots_[i]->active() && lo == slots_.size()) {
+            lo = i;
+        }
     }
-    size_t lo = 0;
     size_t hi = slots_.size();
     for (;;) {
-        // The lowest idle slot that holds nothing (a slot holding a cached prefix keeps it).
-        while (lo < hi && (slots_[lo]->active() || (cache_ != nullptr && !cache_->held(lo).empty()))) {
+        // The lowest idle slot above the lowest running one, and the highest running slot.
+        while (lo < hi && slots_[lo]->active()) {
             ++lo;
         }
-        // The highest running slot.
         while (hi > lo && !slots_[hi - 1]->active()) {
             --hi;
         }
         if (hi <= lo) {
             return;
+        }
+        if (cache_ != nullptr && !cache_->held(lo).empty()) {
+            vacate_held(lo);
         }
         move_sequence(hi - 1, lo);
         ++lo;
@@ -44,11 +51,37 @@ void Scheduler::compact() {
     }
 }
 
+// An idle slot in a gap holds a cached sequence: it moves to an empty idle slot (a copy on the
+// device, queued before the move into `seq`), or, with none empty, goes where a slot's
+// sequence goes when a prompt reuses the slot (host memory if worth saving). Then the slot
+// the running sequence leaves is empty: one pass, or a whole call, drops at most one.
+void Scheduler::vacate_held(size_t seq) {
+    size_t to = slots_.size();
+    for (size_t i = slots_.size(); i-- > 0;) {
+        if (!slots_[i]->active() && cache_->held(i).empty() && llama_memory_seq_pos_max(mem_, slots_[i]->seq) < 0) {
+            to = i;
+            break;
+        }
+    }
+    const auto src = static_cast<llama_seq_id>(seq);
+    if (to < slots_.size()) {
+        llama_memory_seq_cp(mem_, src, static_cast<llama_seq_id>(to), -1, -1);
+        cache_->move_held(seq, to);
+    } else {
+        if (cache_->worth_saving(seq, 0)) {
+            cache_->save(ctx_, seq);
+        }
+        cache_->release(seq);
+    }
+    llama_memory_seq_rm(mem_, src, -1, -1);
+}
+
 void Scheduler::move_sequence(size_t from, size_t to) {
     const auto src = static_cast<llama_seq_id>(from);
     const auto dst = static_cast<llama_seq_id>(to);
-    // `to` is idle and holds nothing; the copy of the whole buffer is queued by llama.cpp and
-    // made at the start of the next llama_decode, before that step writes any cell.
+    // `to` is idle and holds nothing now; the copy of the whole buffer is queued by llama.cpp
+    // and made at the start of the next llama_decode (copies in the order they were queued),
+    // before that step writes any cell.
     llama_memory_seq_rm(mem_, dst, -1, -1);
     llama_memory_seq_cp(mem_, src, dst, -1, -1);
     llama_memory_seq_rm(mem_, src, -1, -1);

@@ -63,6 +63,12 @@ void PrefixCache::release(size_t seq) {
     }
 }
 
+void PrefixCache::move_held(size_t from, size_t to) {
+    held_[to] = std::move(held_[from]);
+    held_[from].clear();
+    held_since_[to] = held_since_[from];
+}
+
 CacheMatch PrefixCache::longest_on_host(const std::vector<llama_token> & prompt, size_t limit) const {
     CacheMatch best;
     for (size_t i = 0; i < host_.size(); ++i) {

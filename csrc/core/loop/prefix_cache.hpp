@@ -62,6 +62,8 @@ public:
     void hold(size_t seq, std::vector<llama_token> tokens);
     // Slot `seq` lost what it held (its KV is being cleared or reused).
     void release(size_t seq);
+    // Slot `from`'s held sequence was copied into idle slot `to`, which held nothing.
+    void move_held(size_t from, size_t to);
 
     // The longest prefix of `prompt` held in host memory, up to `limit` tokens.
     CacheMatch longest_on_host(const std::vector<llama_token> & prompt, size_t limit) const;
