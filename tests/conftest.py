@@ -7,6 +7,7 @@ Metal build); unset or 0, everything runs on the CPU.
 from __future__ import annotations
 
 import os
+import signal
 
 import pytest
 
@@ -38,6 +39,13 @@ MORE_PROMPTS = PROMPTS + [
     "Rain is caused by",
     "Monday morning meetings are",
 ]
+
+# A suite started in the background (nohup, `&` in a script) inherits SIGINT ignored, and so
+# would every child it starts: the tests that press Ctrl-C in a child (test_interrupts.py,
+# `fastpar run` in test_server.py) need it delivered, as in a terminal. A handler, unlike
+# SIG_IGN, is not inherited across exec: children start with SIGINT at its default.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 N_GPU_LAYERS = int(os.environ.get("FASTPAR_TEST_N_GPU_LAYERS") or 0)
 ON_GPU = N_GPU_LAYERS != 0
