@@ -251,9 +251,8 @@ async def engine_load(engine: fastpar.Engine, requests: list, users: int) -> dic
             first = None
             r = engine.submit(req.get("messages") or req["prompt"], max_tokens=req["gen"], temperature=0.0,
                               ignore_eos=True)
-            loop = asyncio.get_running_loop()
             wake = asyncio.Event()
-            r.on_update(lambda: loop.call_soon_threadsafe(wake.set))
+            r.on_update(wake.set, loop=asyncio.get_running_loop())
             while True:
                 await wake.wait()
                 wake.clear()

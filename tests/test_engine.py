@@ -348,6 +348,86 @@ def test_asyncio_agenerate_does_not_block_the_loop(engine, solo):
     assert ticks > 0.3 * elapsed / 0.01, (ticks, elapsed)
 
 
+def test_on_update_with_a_loop_runs_on_the_loop_once_per_turn(engine):
+    # With a loop the engine's thread only writes to a pipe: the callback runs on the loop's
+    # thread, once for all the pieces that came while the loop was busy, and is dropped
+    # after the call that saw the finish (no entry left behind per request).
+    from fastpar._engine import _wakers
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        calls = []
+        r = engine.submit("Count: 1, 2,", max_tokens=24, ignore_eos=True, **GREEDY)
+        r.on_update(lambda: calls.append((threading.get_ident(), r.done())), loop=loop)
+        r.result(timeout=HANG)  # holds the loop: all 24 pieces and the finish come meanwhile
+        for _ in range(5):
+            await asyncio.sleep(0.02)
+        return calls, r, _wakers[id(loop)].watched
+
+    calls, r, watched = asyncio.run(main())
+    assert calls == [(threading.get_ident(), True)] and not watched
+    assert "".join(piece for _, piece in r.take_pieces()) == r.result().text
+
+
+def test_on_update_with_a_loop_from_any_thread_replaced_and_failing(engine):
+    # Set from another thread (as the server sets it for a request with tools), it still
+    # runs on the loop; a later on_update replaces it; one that raises reaches the loop's
+    # exception handler and costs the other requests nothing.
+    async def main():
+        loop = asyncio.get_running_loop()
+        errors, replaced, threads = [], [], set()
+        loop.set_exception_handler(lambda _, context: errors.append(context["exception"]))
+        requests = [engine.submit(p, max_tokens=16, **GREEDY) for p in MIXED[:6]]
+        finished = [asyncio.Event() for _ in requests]
+
+        def watcher(k):
+            def on_news():
+                threads.add(threading.get_ident())
+                if requests[k].done():
+                    finished[k].set()
+            return on_news
+
+        def boom():
+            raise RuntimeError("boom")
+
+        requests[0].on_update(lambda: replaced.append(1), loop=loop)
+        requests[0].on_update(watcher(0), loop=loop)
+        await asyncio.to_thread(lambda: [r.on_update(watcher(k), loop=loop) for k, r in enumerate(requests[1:5], 1)])
+        requests[5].on_update(boom, loop=loop)
+        await asyncio.wait_for(asyncio.gather(*(f.wait() for f in finished[:5])), HANG)
+        requests[5].result(timeout=HANG)
+        await asyncio.sleep(0.05)
+        return errors, replaced, threads
+
+    errors, replaced, threads = asyncio.run(main())
+    assert threads == {threading.get_ident()} and not replaced
+    assert errors and all(isinstance(e, RuntimeError) for e in errors)
+
+
+def test_many_streams_on_one_loop_lose_no_wake_up(model):
+    # More requests than slots, each woken through the loop's one pipe: every stream ends,
+    # and its pieces add up to its text.
+    async def main(e):
+        async def one(k):
+            r = e.submit(MIXED[k % len(MIXED)], max_tokens=8 + k % 13, **GREEDY)
+            news = asyncio.Event()
+            r.on_update(news.set, loop=asyncio.get_running_loop())
+            text = ""
+            while True:
+                await news.wait()
+                news.clear()
+                finished = r.done()
+                text += "".join(piece for _, piece in r.take_pieces())
+                if finished:
+                    return text, r.result(0)
+
+        return await asyncio.wait_for(asyncio.gather(*(one(k) for k in range(48))), HANG)
+
+    with fastpar.Engine(model, n_parallel=4, n_ctx_per_seq=256) as e:
+        for text, c in asyncio.run(main(e)):
+            assert text == c.text and c.finish_reason in ("stop", "length")
+
+
 def test_asyncio_astream(engine):
     async def main():
         pieces = []

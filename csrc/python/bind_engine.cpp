@@ -41,6 +41,12 @@ void register_engine(py::module_ & m) {
         "gen_tokens_per_s"};
     def_record(engine_stats, "EngineStats", engine_stats_fields, engine_stats_fields);
 
+    py::class_<WakePipe, std::shared_ptr<WakePipe>>(m, "WakePipe",
+                                                  "A pipe the engine's thread writes to when watched requests have news.")
+        .def(py::init<>())
+        .def("fileno", &WakePipe::fileno)
+        .def("drain", &WakePipe::drain, py::call_guard<py::gil_scoped_release>());
+
     py::class_<RequestHandle, std::shared_ptr<RequestHandle>>(m, "RequestHandle",
                                                             "One request of an Engine: a prompt and its samples.")
         .def_property_readonly("id", &RequestHandle::id)
@@ -63,7 +69,10 @@ void register_engine(py::module_ & m) {
              }, py::arg("timeout") = py::none())
         .def("take_pieces", &RequestHandle::take_pieces, py::call_guard<py::gil_scoped_release>())
         // pybind11's wrapper takes the GIL whenever the engine's thread calls the listener.
-        .def("set_listener", &RequestHandle::set_listener, py::arg("listener"));
+        .def("set_listener", &RequestHandle::set_listener, py::arg("listener"))
+        // No GIL on the engine's thread: it only writes to the pipe.
+        .def("set_wake", &RequestHandle::set_wake, py::arg("pipe"), py::arg("token"),
+             py::call_guard<py::gil_scoped_release>());
 
     py::class_<Engine, std::shared_ptr<Engine>>(m, "Engine", "The scheduler loop on a worker thread.")
         .def(py::init([](std::shared_ptr<const Model> model, const ContextParams & params, int32_t max_queued) {

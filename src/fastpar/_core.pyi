@@ -6,7 +6,7 @@ import collections.abc
 import numpy
 import numpy.typing
 import typing
-__all__: list[str] = ['ChatMessage', 'ChatRender', 'ChatReply', 'Completion', 'Context', 'ContextParams', 'Engine', 'EngineClosed', 'EngineStats', 'FastparError', 'GenerateParams', 'MAX_TOP_LOGPROBS', 'Model', 'ModelLoadError', 'ModelParams', 'PrefixCacheStats', 'QueueFull', 'RequestHandle', 'Stats', 'ToolCall', 'backend', 'new_tool_call_id', 'parse_reply', 'render_tools', 'version']
+__all__: list[str] = ['ChatMessage', 'ChatRender', 'ChatReply', 'Completion', 'Context', 'ContextParams', 'Engine', 'EngineClosed', 'EngineStats', 'FastparError', 'GenerateParams', 'MAX_TOP_LOGPROBS', 'Model', 'ModelLoadError', 'ModelParams', 'PrefixCacheStats', 'QueueFull', 'RequestHandle', 'Stats', 'ToolCall', 'WakePipe', 'backend', 'new_tool_call_id', 'parse_reply', 'render_tools', 'version']
 class FastparError(RuntimeError):
     pass
 class ModelLoadError(FastparError):
@@ -700,6 +700,16 @@ class EngineStats:
     @property
     def uptime_s(self) -> float:
         ...
+class WakePipe:
+    """
+    A pipe the engine's thread writes to when watched requests have news.
+    """
+    def __init__(self) -> None:
+        ...
+    def drain(self) -> list[int]:
+        ...
+    def fileno(self) -> int:
+        ...
 class RequestHandle:
     """
     One request of an Engine: a prompt and its samples.
@@ -717,6 +727,8 @@ class RequestHandle:
     def sample_result(self, sample: typing.SupportsInt | typing.SupportsIndex, timeout: typing.SupportsFloat | typing.SupportsIndex | None = None) -> Completion:
         ...
     def set_listener(self, listener: collections.abc.Callable[[], None]) -> None:
+        ...
+    def set_wake(self, pipe: WakePipe, token: typing.SupportsInt | typing.SupportsIndex) -> None:
         ...
     def take_pieces(self) -> list[tuple[int, str]]:
         ...

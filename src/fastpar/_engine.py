@@ -7,9 +7,10 @@ thread that owns one context (docs/design.md): requests join free slots as other
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 import os
-from typing import Any, AsyncIterator, Callable, Iterator, List, Optional, Tuple, Union
+from typing import Any, AsyncIterator, Callable, Dict, Iterator, List, Optional, Tuple, Union
 
 from . import _core
 from ._model import Model
@@ -74,6 +75,7 @@ class Request:
     def __init__(self, handle: _core.RequestHandle, tool_parser: str = "") -> None:
         self._handle = handle
         self._tool_parser = tool_parser
+        self._watched: Optional[Tuple["_LoopWaker", int]] = None  # on_update with a loop: its waker, token
 
     @property
     def id(self) -> int:
@@ -123,20 +125,16 @@ class Request:
 
     async def aresult(self) -> Union[_core.Completion, List[_core.Completion]]:
         """What ``result()`` gives, awaited without blocking the event loop: the engine's
-        thread wakes the loop when every sample is done (through ``on_update``, which this
-        sets). Leaving early (the awaiting task cancelled) cancels the request."""
+        thread wakes the loop when every sample is done (through ``on_update(..., loop=)``,
+        which this sets). Leaving early (the awaiting task cancelled) cancels the request."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future = loop.create_future()
 
-        def resolve() -> None:
-            if not future.done():
+        def on_update() -> None:  # on the loop
+            if not future.done() and self.done():
                 future.set_result(self.result(0))
 
-        def on_update() -> None:  # on the engine's thread
-            if self.done():
-                loop.call_soon_threadsafe(resolve)
-
-        self.on_update(on_update)
+        self.on_update(on_update, loop=loop)
         try:
             return await future
         finally:
@@ -161,14 +159,49 @@ class Request:
         return self._handle.take_pieces()
 
     @_keywords_checked
-    def on_update(self, callback: Callable[[], None]) -> None:
-        """Have ``callback()`` called after each new piece and as each sample finishes (at
-        once if the request has finished). It runs on the engine's worker thread, holding
-        it up: keep it short, e.g. ``loop.call_soon_threadsafe(event.set)``. Its exceptions
-        are ignored. One callback per request: a later call replaces it."""
+    def on_update(self, callback: Callable[[], None], *, loop: Optional[asyncio.AbstractEventLoop] = None) -> None:
+        """Have ``callback()`` called after new pieces and as each sample finishes (at once
+        if the request has finished). One callback per request: a later call replaces it.
+
+        Without ``loop`` it runs on the engine's worker thread, after each piece, holding the
+        thread up and taking Python's GIL there: keep it short. Its exceptions are ignored.
+        With ``loop`` (an asyncio event loop) it runs on that loop: the engine's thread only
+        writes to a pipe the loop watches, so a busy loop never holds generation up. Pieces
+        that arrive between two turns of the loop cost one call, and the callback is dropped
+        after the call that follows the request's finish. Its exceptions go to the loop's
+        exception handler."""
         if not callable(callback):
             raise TypeError(f"callback must be callable, got {type(callback).__name__}")
-        self._handle.set_listener(callback)
+        self._unwatch()
+        if loop is None:
+            self._handle.set_listener(callback)
+            return
+        if not isinstance(loop, asyncio.AbstractEventLoop):
+            raise TypeError(f"loop must be an asyncio event loop or None, got {type(loop).__name__}")
+        self._handle.set_listener(None)
+        try:
+            here = asyncio.get_running_loop() is loop
+        except RuntimeError:
+            here = False
+        if here:
+            self._watch(loop, callback)
+        else:  # a loop's waker is its own thread's to change
+            loop.call_soon_threadsafe(self._watch, loop, callback)
+
+    def _watch(self, loop: asyncio.AbstractEventLoop, callback: Callable[[], None]) -> None:
+        try:
+            waker = _waker(loop)
+        except NotImplementedError:  # a loop that cannot watch a pipe (Windows' proactor)
+            self._handle.set_listener(lambda: loop.call_soon_threadsafe(callback))
+            return
+        self._watched = (waker, waker.watch(self._handle, callback))
+
+    def _unwatch(self) -> None:
+        if self._watched is not None:
+            waker, token = self._watched
+            waker.watched.pop(token, None)
+            self._watched = None
+            self._handle.set_wake(None, 0)
 
     def __iter__(self) -> Iterator[Piece]:
         single = self.n == 1
@@ -184,6 +217,52 @@ class Request:
 
     def __repr__(self) -> str:
         return f"fastpar.Request(id={self.id}, n={self.n}, done={self.done()})"
+
+
+class _LoopWaker:
+    """Wakes one event loop for the requests watched on it. The engine's thread posts a
+    request's token to a pipe (the core's WakePipe) and runs no Python, so it never waits for
+    the GIL while the loop is busy; the loop reads the pipe and calls the callbacks of the
+    requests with news. A callback is dropped once its request was done before the call."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.pipe = _core.WakePipe()
+        self.watched: Dict[int, Tuple[_core.RequestHandle, Callable[[], None]]] = {}
+        self.tokens = itertools.count(1)
+        loop.add_reader(self.pipe.fileno(), self._wake)
+
+    def watch(self, handle: _core.RequestHandle, callback: Callable[[], None]) -> int:
+        token = next(self.tokens)
+        self.watched[token] = (handle, callback)
+        handle.set_wake(self.pipe, token)
+        return token
+
+    def _wake(self) -> None:
+        for token in self.pipe.drain():
+            entry = self.watched.get(token)
+            if entry is None:
+                continue
+            handle, callback = entry
+            if handle.done():  # before the call: it sees the finish, and no news can follow
+                del self.watched[token]
+            try:
+                callback()
+            except Exception as e:  # one failing callback must not cost the others their wake-up
+                self.loop.call_exception_handler({"message": "fastpar: a request's on_update callback failed",
+                                                  "exception": e})
+
+
+_wakers: Dict[int, _LoopWaker] = {}  # id(loop) -> its waker
+
+
+def _waker(loop: asyncio.AbstractEventLoop) -> "_LoopWaker":
+    waker = _wakers.get(id(loop))
+    if waker is None or waker.loop is not loop:
+        for key in [k for k, w in _wakers.items() if w.loop.is_closed()]:
+            del _wakers[key]
+        waker = _wakers[id(loop)] = _LoopWaker(loop)
+    return waker
 
 
 def _block_args(block: object, timeout: object) -> Optional[float]:
@@ -323,11 +402,10 @@ class Engine:
         """Yield what iterating a ``Request`` yields (``str`` pieces; ``(sample, piece)``
         pairs with ``n > 1``) as it is generated, without blocking the event loop. Leaving
         the loop early cancels the request."""
-        loop = asyncio.get_running_loop()
         wakeup = asyncio.Event()
         request = self._submit(prompt, "Engine.astream", params, options)
         single = request.n == 1
-        request.on_update(lambda: loop.call_soon_threadsafe(wakeup.set))
+        request.on_update(wakeup.set, loop=asyncio.get_running_loop())
         try:
             while True:
                 await wakeup.wait()

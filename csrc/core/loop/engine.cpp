@@ -92,6 +92,19 @@ void RequestHandle::set_listener(std::function<void()> listener) {
     }
 }
 
+void RequestHandle::set_wake(std::shared_ptr<WakePipe> pipe, uint64_t token) {
+    bool already_done;
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        wake_.swap(pipe);  // the previous pipe goes with `pipe`, outside the lock
+        wake_token_ = token;
+        already_done = n_finished_ == finished_.size();
+        if (already_done && wake_) {
+            wake_->post(token);  // post takes only the pipe's own lock
+        }
+    }
+}
+
 void RequestHandle::push_piece(int32_t sample, const std::string & piece) {
     {
         std::lock_guard<std::mutex> lock(mutex_);
@@ -117,9 +130,16 @@ void RequestHandle::complete(int32_t sample, Completion && c) {
 
 void RequestHandle::notify() {
     std::shared_ptr<const std::function<void()>> listener;
+    std::shared_ptr<WakePipe> wake;
+    uint64_t token;
     {
         std::lock_guard<std::mutex> lock(mutex_);
         listener = listener_;
+        wake = wake_;
+        token = wake_token_;
+    }
+    if (wake) {
+        wake->post(token);
     }
     if (listener && *listener) {
         try {

@@ -21,6 +21,7 @@
 #include "core/base/params.hpp"
 #include "core/base/results.hpp"
 #include "core/loop/scheduler.hpp"
+#include "core/loop/wake_pipe.hpp"
 
 namespace fastpar {
 
@@ -91,6 +92,9 @@ public:
     // Called on the engine's thread after each new piece and once as each sample finishes
     // (also at once if the request already finished). Exceptions from it are swallowed.
     void set_listener(std::function<void()> listener);
+    // The same news as a token posted to `pipe`, without running any caller's code on the
+    // engine's thread (null: none). A request may have both.
+    void set_wake(std::shared_ptr<WakePipe> pipe, uint64_t token);
 
 private:
     friend class Engine;
@@ -111,6 +115,8 @@ private:
     // copying or destroying a function that wraps a Python callable takes the GIL, and a
     // thread holding the GIL may be waiting for mutex_ (done(), take_pieces()).
     std::shared_ptr<const std::function<void()>> listener_;
+    std::shared_ptr<WakePipe> wake_;
+    uint64_t wake_token_ = 0;
 };
 
 class Engine {

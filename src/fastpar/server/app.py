@@ -4,8 +4,8 @@
 with uvicorn. Every prompt of a request becomes one Engine request holding its ``n``
 samples, so the HTTP layer adds no batching of its own: the engine's continuous batching
 serves all connections, and a prompt's samples decode it once.
-The event loop never waits on generation: the engine's worker thread wakes it
-(``call_soon_threadsafe``) when a request has new text or has finished.
+The event loop never waits on generation: the engine's worker thread wakes it through a
+pipe (``Request.on_update`` with a loop) when a request has new text or has finished.
 
 Endpoints: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``POST /v1/embeddings``
 (an embeddings engine: ``fastpar serve --embeddings``), ``POST /v1/rerank`` (a reranker's:
@@ -183,28 +183,6 @@ def _name_of(engine: Engine) -> str:
     return os.path.splitext(os.path.basename(engine.model.path))[0]
 
 
-class _Wakeup:
-    """Wakes the event loop from the engine's thread, at most once per loop iteration:
-    many tokens arriving between two iterations cost one wake-up."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-        self.event = asyncio.Event()
-        self.scheduled = False
-
-    def notify(self) -> None:  # on the engine's thread
-        if not self.scheduled:
-            self.scheduled = True
-            try:
-                self.loop.call_soon_threadsafe(self._fire)
-            except RuntimeError:  # the loop has closed: nobody is waiting any more
-                pass
-
-    def _fire(self) -> None:
-        self.scheduled = False
-        self.event.set()
-
-
 async def _wait_disconnect(receive: Callable) -> None:
     """Returns when the client has gone (the request body has been read already)."""
     while True:
@@ -243,8 +221,10 @@ class _Job:
     """The engine requests of one HTTP request: one per prompt, holding its n samples.
     Choice k of the response is sample k % n of prompt k // n."""
 
-    def __init__(self, engine: Engine, req: Parsed, wakeup: "_Wakeup") -> None:
-        self.wakeup = wakeup
+    def __init__(self, engine: Engine, req: Parsed, loop: asyncio.AbstractEventLoop, news: asyncio.Event) -> None:
+        # Set on the loop when any of the requests has news (on_update with a loop: the
+        # engine's thread runs no Python for it).
+        self.news = news
         self.requests: List[Request] = []
         self.n = req.n
         params = req.sampling_params()
@@ -252,7 +232,7 @@ class _Job:
             for prompt in req.prompts:
                 r = engine.submit(prompt, params)
                 self.requests.append(r)
-                r.on_update(self.wakeup.notify)
+                r.on_update(self.news.set, loop=loop)
         except fastpar.QueueFull:
             self.cancel()
             raise _queue_full() from None
@@ -288,8 +268,8 @@ class _Job:
     async def wait(self, gone: "asyncio.Future[None]") -> bool:
         """Waits for news from the engine (or the client leaving); False once it has left."""
         if not gone.done():
-            await self.wakeup.event.wait()
-            self.wakeup.event.clear()
+            await self.news.wait()
+            self.news.clear()
         return not gone.done()
 
 
@@ -387,16 +367,15 @@ def create_app(engine: Union[Engine, Callable[[], Engine]], *, model_name: Optio
                     if s.n_queued + len(req.prompts) * req.n - max(free, 0) > max_queued:
                         raise _queue_full()
                 # A prompt with tools is rendered by its Jinja template (milliseconds): off the loop.
-                wakeup = _Wakeup(asyncio.get_running_loop())
-                job = await asyncio.to_thread(_Job, engine, req, wakeup) if "tools" in req.opts else \
-                    _Job(engine, req, wakeup)
+                args = (engine, req, asyncio.get_running_loop(), asyncio.Event())
+                job = await asyncio.to_thread(_Job, *args) if "tools" in req.opts else _Job(*args)
                 state.jobs.add(job)
             except APIError as e:
                 outcome = {400: "bad_request", 401: "unauthorized", 429: "queue_full"}.get(e.status, "error")
                 metrics.requests.labels(name, outcome).inc()
                 return _error(e)
             gone = asyncio.ensure_future(_wait_disconnect(request.receive))
-            gone.add_done_callback(lambda _: job.wakeup.event.set())
+            gone.add_done_callback(lambda _: job.news.set())
             try:
                 # Nothing is sent before the engine has answered once: a prompt that
                 # cannot be served (too long, empty) is a 400, not a stream that fails.
