@@ -68,10 +68,7 @@ void Scheduler::vacate_held(size_t seq) {
         llama_memory_seq_cp(mem_, src, static_cast<llama_seq_id>(to), -1, -1);
         cache_->move_held(seq, to);
     } else {
-        if (cache_->worth_saving(seq, 0)) {
-            cache_->save(ctx_, seq);
-        }
-        cache_->release(seq);
+        cache_->let_go(ctx_, seq);
     }
     llama_memory_seq_rm(mem_, src, -1, -1);
 }

@@ -165,6 +165,13 @@ bool PrefixCache::save(llama_context * ctx, size_t seq) {
     return true;
 }
 
+void PrefixCache::let_go(llama_context * ctx, size_t seq) {
+    if (worth_saving(seq, 0)) {
+        save(ctx, seq);
+    }
+    release(seq);
+}
+
 bool PrefixCache::restore(llama_context * ctx, int32_t host, size_t seq) {
     const HostCopyTimer timer(*this);
     HostEntry & e = host_[static_cast<size_t>(host)];

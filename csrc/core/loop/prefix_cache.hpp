@@ -81,6 +81,9 @@ public:
     // or clear), evicting least recently used entries to stay within the budget. Returns
     // false if it did not fit or llama.cpp gave no state.
     bool save(llama_context * ctx, size_t seq);
+    // Slot `seq`'s held sequence leaves the device for good (nothing of it is kept there):
+    // saved first if worth_saving(seq, 0), then released. The caller clears the KV.
+    void let_go(llama_context * ctx, size_t seq);
     // Copies host entry `host` into slot `seq` (whose sequence must be empty); touches it.
     // Returns false if llama.cpp refused the state (the entry is then dropped).
     bool restore(llama_context * ctx, int32_t host, size_t seq);

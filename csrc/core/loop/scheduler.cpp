@@ -163,11 +163,8 @@ bool Scheduler::drop_idle_holds() {
     for (auto & sp : slots_) {
         const auto seq = static_cast<size_t>(sp->seq);
         if (!sp->active() && !cache_->held(seq).empty()) {
-            if (cache_->worth_saving(seq, 0)) {
-                cache_->save(ctx_, seq);
-            }
+            cache_->let_go(ctx_, seq);
             llama_memory_seq_rm(mem_, sp->seq, -1, -1);
-            cache_->release(seq);
             any = true;
         }
     }
