@@ -96,6 +96,24 @@ def test_models_health_metrics(url, client, engine):
     assert f"fastpar_prefix_cache_not_saved_total {float(s.n_not_saved)}" in m
 
 
+def test_text_events_from_a_template_are_the_events_bytes():
+    # A streamed piece's event comes from a template made once per choice; it must be the
+    # very bytes of encoding the whole event, whatever the text holds.
+    from fastpar.server.app import _sse, _TextEvents
+
+    def event(index, text):
+        return _sse({"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": "m",
+                     "system_fingerprint": None, "choices": [{"index": index, "delta": {"content": text},
+                                                              "logprobs": None, "finish_reason": None}],
+                     "usage": None})
+
+    events = _TextEvents(event)
+    for text in ["", "a", ' "quoted" \\ back', "line\nbreak\ttab", "\x00\x1f nul", "中文 🎉", "\u2028\u2029", "x" * 5000]:
+        for index in (0, 3, 0):
+            assert events(index, text) == event(index, text), (index, text)
+    assert sorted(events.templates) == [0, 3]
+
+
 def test_chat_stream_equals_whole_and_usage_counts_tokens(client, model, engine):
     whole = client.chat.completions.create(model="smol", messages=CHAT, max_tokens=24, temperature=0)
     (choice,) = whole.choices
