@@ -30,6 +30,7 @@ import numpy as np
 
 import fastpar
 from fastpar._fetch import cache_dir
+from make_speed_model import add_blocks
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 VOCAB = ROOT / "vendor" / "llama.cpp" / "models" / "ggml-vocab-llama-spm.gguf"
@@ -72,17 +73,7 @@ def tiny_model() -> pathlib.Path:
     w.add_tensor("token_embd.weight", t(len(tokens), e))
     w.add_tensor("output_norm.weight", np.ones(e, np.float32))
     w.add_tensor("output.weight", t(len(tokens), e))
-    for i in range(n_layer):
-        p = f"blk.{i}."
-        w.add_tensor(p + "attn_norm.weight", np.ones(e, np.float32))
-        w.add_tensor(p + "attn_q.weight", t(n_head * head_dim, e))
-        w.add_tensor(p + "attn_k.weight", t(n_head_kv * head_dim, e))
-        w.add_tensor(p + "attn_v.weight", t(n_head_kv * head_dim, e))
-        w.add_tensor(p + "attn_output.weight", t(e, n_head * head_dim))
-        w.add_tensor(p + "ffn_norm.weight", np.ones(e, np.float32))
-        w.add_tensor(p + "ffn_gate.weight", t(ff, e))
-        w.add_tensor(p + "ffn_up.weight", t(ff, e))
-        w.add_tensor(p + "ffn_down.weight", t(e, ff))
+    add_blocks(w, n_layer, e, n_head * head_dim, n_head_kv * head_dim, ff, t, lambda n: np.ones(n, np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -76,23 +76,30 @@ def write_f16(path: pathlib.Path) -> None:
     q_dim, kv_dim = s["n_head"] * hd, s["n_head_kv"] * hd
     writer.add_tensor("token_embd.weight", w(n_vocab, e))
     writer.add_tensor("output_norm.weight", ones(e))
-    for i in range(s["n_layer"]):
+    add_blocks(writer, s["n_layer"], e, q_dim, kv_dim, ff, w, ones, qk_norm=hd)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def add_blocks(writer, n_layer: int, e: int, q_dim: int, kv_dim: int, ff: int, w, ones, qk_norm: int = 0) -> None:
+    """Each block's tensors, llama.cpp's names: attention, its norms, a gated FFN. `w(*shape)`
+    and `ones(n)` make the weights; qk_norm: the head size of Qwen3's q and k norms (0: none)."""
+    for i in range(n_layer):
         p = f"blk.{i}."
         writer.add_tensor(p + "attn_norm.weight", ones(e))
         writer.add_tensor(p + "attn_q.weight", w(q_dim, e))
         writer.add_tensor(p + "attn_k.weight", w(kv_dim, e))
         writer.add_tensor(p + "attn_v.weight", w(kv_dim, e))
         writer.add_tensor(p + "attn_output.weight", w(e, q_dim))
-        writer.add_tensor(p + "attn_q_norm.weight", ones(hd))
-        writer.add_tensor(p + "attn_k_norm.weight", ones(hd))
+        if qk_norm:
+            writer.add_tensor(p + "attn_q_norm.weight", ones(qk_norm))
+            writer.add_tensor(p + "attn_k_norm.weight", ones(qk_norm))
         writer.add_tensor(p + "ffn_norm.weight", ones(e))
         writer.add_tensor(p + "ffn_gate.weight", w(ff, e))
         writer.add_tensor(p + "ffn_up.weight", w(ff, e))
         writer.add_tensor(p + "ffn_down.weight", w(e, ff))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
 
 
 def build(quantize_bin: str, qtype: str) -> pathlib.Path:
