@@ -1,7 +1,7 @@
 // A pipe that the engine's thread writes to when requests have news, for an event loop to
 // watch (asyncio's add_reader). The engine's thread never runs the loop's code, so it never
 // waits for Python's GIL: with a listener per request it took the GIL once per piece, and a
-// busy event loop held the whole step up (docs/internals.md, "Waking an event loop").
+// busy event loop held the whole step up (docs/internals.md, "The HTTP server").
 #pragma once
 
 #include <cstdint>
