@@ -22,7 +22,6 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -31,15 +30,10 @@ import time
 import httpx
 
 import fastpar
+from run import free_port
 
 URGENT = "Write the word yes:"
 LOAD = "Tell me a long story about a lighthouse keeper and the sea."
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def first_token(client: httpx.AsyncClient, priority: int) -> float:

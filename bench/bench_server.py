@@ -45,7 +45,6 @@ import os
 import pathlib
 import platform
 import random
-import socket
 import statistics
 import subprocess
 import sys
@@ -57,7 +56,7 @@ from fastpar.server.protocol import SERVE_PREFIX_CACHE_MIB
 
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-import run as bench_run  # noqa: E402  (build_baselines, make_prompts, Target, physical_batch, wait_healthy)
+import run as bench_run  # noqa: E402  (build_baselines, make_prompts, Target, physical_batch, free_port, wait_healthy)
 
 try:
     import openai
@@ -71,15 +70,9 @@ LLAMA_SERVER_SETTINGS = {"default": [], "cache-ram-0": ["--cache-ram", "0"]}
 FASTPAR_CACHE_OFF = "fastpar serve --prefix-cache-mib 0"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Proc:
     def __init__(self, name: str, cmd: list) -> None:
-        self.name, self.port = name, free_port()
+        self.name, self.port = name, bench_run.free_port()
         self.proc = subprocess.Popen(cmd + ["--port", str(self.port)], stdout=subprocess.DEVNULL,
                                      stderr=subprocess.DEVNULL)
         bench_run.wait_healthy(self.port, self.proc, name)

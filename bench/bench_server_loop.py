@@ -17,15 +17,13 @@ from __future__ import annotations
 
 import argparse
 import pathlib
-import socket
 import statistics
 import subprocess
 import sys
-import time
-import urllib.request
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from bench_wakeups import tiny_model  # noqa: E402
+from run import free_port, wait_healthy  # noqa: E402
 
 STACKS = {"asyncio + h11": ("asyncio", "h11"), "uvloop + httptools": ("uvloop", "httptools")}
 
@@ -64,12 +62,6 @@ asyncio.run(main())
 """
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def loop_cpu_s(pid: int) -> float:
     # The main thread (the event loop): utime + stime of /proc/<pid>/task/<pid>/stat, in ticks.
     fields = pathlib.Path(f"/proc/{pid}/task/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -80,15 +72,7 @@ def one_run(model: str, loop: str, http: str, users: int) -> tuple:
     port = free_port()
     server = subprocess.Popen([sys.executable, "-c", SERVER, model, str(port), loop, http, str(users)])
     try:
-        deadline = time.time() + 120
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1).read()
-                break
-            except OSError:
-                if server.poll() is not None or time.time() > deadline:
-                    raise RuntimeError(f"the server ({loop}, {http}) did not start")
-                time.sleep(0.2)
+        wait_healthy(port, server, f"fastpar serve ({loop}, {http})", 120)
         client = [sys.executable, "-c", CLIENT, str(port), str(users)]
         subprocess.run(client + ["2"], check=True, capture_output=True)  # warm: connections, first steps
         before = loop_cpu_s(server.pid)

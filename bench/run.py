@@ -298,6 +298,13 @@ def stage3(models, w, sampler, threads, prompts):
     return counted(walls, dict(n_prompt_tokens=n_prompt, n_gen_tokens=n_gen))
 
 
+def free_port() -> int:
+    """A loopback port nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def wait_healthy(port: int, proc: subprocess.Popen, what: str, timeout_s: float = 300) -> None:
     """Until the server on `port` answers /health with 200; RuntimeError if it exits first
     or takes longer than timeout_s."""
@@ -319,9 +326,7 @@ class Server:
 
     def __init__(self, binary, model_path, n_par, n_ctx_per_seq, threads):
         ub = physical_batch(Target.gpu)
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
+        self.port = free_port()
         self.proc = subprocess.Popen(
             [binary, "-m", model_path, "-np", str(n_par), "-c", str(n_par * n_ctx_per_seq), "-t", str(threads),
              "--host", "127.0.0.1", "--port", str(self.port), "-b", ub, "-ub", ub,
