@@ -344,6 +344,8 @@ def main() -> int:
     ap.add_argument("--client-procs", type=int, default=None,
                     help="client processes sharing the users (default: users // 32, at most a quarter of the cores, "
                          "at least 1)")
+    ap.add_argument("--stream-interval", type=int, default=1,
+                    help="also run fastpar serve --stream-interval N (events of N tokens) when N > 1")
     ap.add_argument("--kv-unified", action="store_true",
                     help="also fastpar serve --kv-unified (one KV buffer for all slots)")
     ap.add_argument("--slots", type=int, default=None,
@@ -377,6 +379,9 @@ def main() -> int:
         failed: dict = {}
         servers = {"fastpar serve": fastpar_server(path, slots, n_ctx, args.threads),
                    FASTPAR_CACHE_OFF: fastpar_server(path, slots, n_ctx, args.threads, ["--prefix-cache-mib", "0"])}
+        if args.stream_interval > 1:
+            servers[f"fastpar serve --stream-interval {args.stream_interval}"] = fastpar_server(
+                path, slots, n_ctx, args.threads, ["--stream-interval", str(args.stream_interval)])
         if args.kv_unified:
             servers["fastpar serve --kv-unified"] = fastpar_server(path, slots, n_ctx, args.threads, ["--kv-unified"])
         for setting, extra in LLAMA_SERVER_SETTINGS.items():
@@ -453,6 +458,7 @@ def main() -> int:
              f"{f' --workloads {args.workloads}' if not args.gpu or 'mixed' in args.workloads else ''} "
              f"--reps {args.reps} --speed-type {args.speed_type} --llama-settings {args.llama_settings}"
              f"{f' --client-procs {args.client_procs}' if args.client_procs else ''}"
+             f"{f' --stream-interval {args.stream_interval}' if args.stream_interval > 1 else ''}"
              f"{' --kv-unified' if args.kv_unified else ''}{f' --slots {args.slots}' if args.slots else ''}`; "
              f"fastpar {fastpar.__version__}, {machine}; "
              f"{time.strftime('%Y-%m-%d')}. Load average before {load_before[0]:.1f}, after {load_after[0]:.1f} "

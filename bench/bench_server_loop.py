@@ -7,8 +7,10 @@ cap first). This bench runs `fastpar serve` on a tiny model (bench_wakeups.py's:
 milliseconds on a CPU), streams 64 users x 8 requests x 50 tokens to it from one client
 process (httpx, completions with ignore_eos), and reads the loop thread's CPU time from
 /proc over that load, for uvicorn with asyncio and h11 and with uvloop and httptools (what
-uvicorn takes when they are importable; fastpar[server] installs them). Interleaved, fresh
-server each run, medians of --reps; Linux only (/proc).
+uvicorn takes when they are importable; fastpar[server] installs them), the latter also with
+--stream-interval 4 (events of 4 tokens). The tokens/s column is the whole machine's: server,
+client and engine share its cores. Interleaved, fresh server each run, medians of --reps;
+Linux only (/proc).
 
     python bench/bench_server_loop.py [--reps 3] [--users 64]
 """
@@ -25,7 +27,8 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from bench_wakeups import tiny_model  # noqa: E402
 from run import free_port, wait_healthy  # noqa: E402
 
-STACKS = {"asyncio + h11": ("asyncio", "h11"), "uvloop + httptools": ("uvloop", "httptools")}
+STACKS = {"asyncio + h11": ("asyncio", "h11", 1), "uvloop + httptools": ("uvloop", "httptools", 1),
+          "uvloop + httptools, --stream-interval 4": ("uvloop", "httptools", 4)}
 
 SERVER = """
 import sys, uvicorn
@@ -37,7 +40,7 @@ def with_stack(self, *a, **k):
     init(self, *a, **k)
 uvicorn.Config.__init__ = with_stack
 service.serve(sys.argv[1], port=int(sys.argv[2]), n_parallel=int(sys.argv[5]), n_ctx_per_seq=128, n_threads=1,
-              prefix_cache_mib=0, log_level="warning")
+              prefix_cache_mib=0, stream_interval=int(sys.argv[6]), log_level="warning")
 """
 
 CLIENT = """
@@ -68,9 +71,9 @@ def loop_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / 100.0
 
 
-def one_run(model: str, loop: str, http: str, users: int) -> tuple:
+def one_run(model: str, loop: str, http: str, interval: int, users: int) -> tuple:
     port = free_port()
-    server = subprocess.Popen([sys.executable, "-c", SERVER, model, str(port), loop, http, str(users)])
+    server = subprocess.Popen([sys.executable, "-c", SERVER, model, str(port), loop, http, str(users), str(interval)])
     try:
         wait_healthy(port, server, f"fastpar serve ({loop}, {http})", 120)
         client = [sys.executable, "-c", CLIENT, str(port), str(users)]
@@ -93,8 +96,8 @@ def main() -> int:
     model = str(tiny_model())
     runs: dict = {name: [] for name in STACKS}
     for _ in range(args.reps):
-        for name, (loop, http) in STACKS.items():
-            runs[name].append(one_run(model, loop, http, args.users))
+        for name, (loop, http, interval) in STACKS.items():
+            runs[name].append(one_run(model, loop, http, interval, args.users))
     base = statistics.median(r[0] for r in runs["asyncio + h11"])
     print(f"{args.users} users x 8 requests x 50 tokens, streamed; medians of {args.reps}")
     print("| stack | loop CPU µs per token | x asyncio + h11 | tokens/s | events per request | runs (µs) |")

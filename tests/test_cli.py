@@ -90,6 +90,7 @@ def test_serve_and_run_share_their_defaults():
     (["--max-queued", "0"], "max_queued must be >= 1"),
     (["--port", "70000"], "port must be between 1 and 65535, got 70000"),
     (["--shutdown-timeout", "-1"], "shutdown_timeout must be a number of seconds >= 0, got -1.0"),
+    (["--stream-interval", "0"], "stream_interval must be an integer >= 1, got 0"),
     (["--model", "/no/such/model.gguf"], "no such model file: /no/such/model.gguf"),
     (["--type-k", "q3"], 'type_k must be one of "f16", "bf16", "f32", "q8_0", "q4_0", got "q3"'),
     (["--type-v", "int8"], 'type_v must be one of'),

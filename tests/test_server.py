@@ -114,6 +114,27 @@ def test_text_events_from_a_template_are_the_events_bytes():
     assert sorted(events.templates) == [0, 3]
 
 
+def test_stream_interval_gathers_pieces_and_keeps_the_text(engine):
+    # --stream-interval 4: after the first piece (sent at once), each text event carries at
+    # least 4 pieces, the last one fewer; the text is the whole answer's, both choices alike.
+    with pytest.raises(ValueError, match="stream_interval"):
+        create_app(engine, stream_interval=0)
+    body = {"model": "smol", "prompt": "The capital of France is", "max_tokens": 21, "temperature": 0,
+            "n": 2, "stream": True, "ignore_eos": True}
+    with running(create_app(engine, model_name="smol", stream_interval=4)) as u:
+        with httpx.stream("POST", u + "/v1/completions", json=body, timeout=60) as r:
+            events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+        whole = httpx.post(u + "/v1/completions", json=dict(body, stream=False, logprobs=0), timeout=60).json()
+    for index in (0, 1):
+        texts = [e["choices"][0]["text"] for e in events
+                 if e["choices"][0]["index"] == index and e["choices"][0]["finish_reason"] is None]
+        choice = whole["choices"][index]
+        assert "".join(texts) == choice["text"] and len(choice["logprobs"]["tokens"]) == 21
+        assert texts[0] == choice["logprobs"]["tokens"][0]
+        # 21 pieces: the first alone, then events of >= 4 (at most 5 of them), the finish apart.
+        assert len(texts) <= 1 + 5 + 1, texts
+
+
 def test_chat_stream_equals_whole_and_usage_counts_tokens(client, model, engine):
     whole = client.chat.completions.create(model="smol", messages=CHAT, max_tokens=24, temperature=0)
     (choice,) = whole.choices

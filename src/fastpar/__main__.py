@@ -103,7 +103,8 @@ def _serve(args: argparse.Namespace) -> int:
     return serve(args.model, host=args.host, port=args.port, n_parallel=args.n_parallel, limits=limits,
                  n_ctx_per_seq=args.n_ctx_per_seq, n_gpu_layers=args.n_gpu_layers, n_threads=args.n_threads,
                  max_queued=args.max_queued, **_kv_types(args), api_key=args.api_key or os.environ.get("FASTPAR_API_KEY") or None,
-                 model_name=args.model_name, shutdown_timeout=args.shutdown_timeout, log_level=args.log_level)
+                 model_name=args.model_name, stream_interval=args.stream_interval,
+                 shutdown_timeout=args.shutdown_timeout, log_level=args.log_level)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -221,6 +222,9 @@ def _parse(argv: Optional[List[str]]) -> argparse.Namespace:
     serve.add_argument("--max-tokens", type=int, default=None,
                        help="most tokens a request may generate, also the default of one that names none "
                             "(default: --n-ctx-per-seq)")
+    serve.add_argument("--stream-interval", type=int, default=1, metavar="N",
+                       help="send a streamed choice's text in events of at least N tokens (its first and "
+                            "last at once): fewer events, less work a token under many streams (default 1)")
     serve.add_argument("--api-key", default=None,
                        help="require 'Authorization: Bearer KEY' on /v1/* (default: $FASTPAR_API_KEY, else none)")
     serve.add_argument("--shutdown-timeout", type=float, default=5.0,

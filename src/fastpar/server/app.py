@@ -33,7 +33,7 @@ import os
 import secrets
 import time
 import weakref
-from typing import Any, Callable, Dict, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple, Union
 
 import fastpar
 from fastpar import Completion, Engine, Request
@@ -316,7 +316,7 @@ class _TextEvents:
 
 def create_app(engine: Union[Engine, Callable[[], Engine]], *, model_name: Optional[str] = None,
                api_key: Optional[str] = None, max_queued: Optional[int] = None,
-               limits: Optional[Limits] = None) -> Starlette:
+               limits: Optional[Limits] = None, stream_interval: int = 1) -> Starlette:
     """The OpenAI-compatible ASGI application over ``engine``.
 
     ``engine``: a ``fastpar.Engine`` (the caller keeps it and closes it), or a function
@@ -329,6 +329,9 @@ def create_app(engine: Union[Engine, Callable[[], Engine]], *, model_name: Optio
     model. ``api_key``: when set, ``/v1/*`` need ``Authorization: Bearer <api_key>``
     (else 401); ``/health`` and ``/metrics`` stay open. ``limits``: what one request may ask
     (``fastpar.server.protocol.Limits``: body size, ``n``, prompts, ``max_tokens``).
+    ``stream_interval``: a streamed choice's text goes out in events of at least this many
+    tokens (its first token and its last come at once); larger values make fewer events
+    and less work a token for the server and its clients.
     """
     if api_key is not None and (not isinstance(api_key, str) or not api_key):
         raise ValueError("api_key must be a non-empty str or None")
@@ -336,6 +339,8 @@ def create_app(engine: Union[Engine, Callable[[], Engine]], *, model_name: Optio
         raise TypeError(f"engine must be a fastpar.Engine or a function returning one, got {type(engine).__name__}")
     if max_queued is not None and (isinstance(max_queued, bool) or not isinstance(max_queued, int) or max_queued < 0):
         raise ValueError(f"max_queued must be an int >= 0 or None, got {max_queued!r}")
+    if isinstance(stream_interval, bool) or not isinstance(stream_interval, int) or stream_interval < 1:
+        raise ValueError(f"stream_interval must be an integer >= 1, got {stream_interval!r}")
     if limits is not None and not isinstance(limits, Limits):
         raise TypeError(f"limits must be a fastpar.server.protocol.Limits, got {type(limits).__name__}")
     state = _State(engine, model_name, api_key)
@@ -498,6 +503,8 @@ def create_app(engine: Union[Engine, Callable[[], Engine]], *, model_name: Optio
         # With tools, content and calls as the parser reads them from the text so far.
         calls = {k: ToolStream(job.requests[k // n]) for k in pending} if chat and "tools" in req.opts else {}
         cache: Dict[int, bytes] = {}
+        held: Dict[int, List[str]] = {}  # pieces not yet sent (stream_interval)
+        started: Set[int] = set()  # choices whose first piece went out
         completions: List[Optional[Completion]] = [None] * job.n_choices
         outcome = "client_disconnect"
         try:
@@ -522,8 +529,15 @@ def create_app(engine: Union[Engine, Callable[[], Engine]], *, model_name: Optio
                         reasoning, content = splits[k].feed("".join(texts.get(k, ())), k in ended)
                         if reasoning or content:
                             yield chunk(k, content or None, None, reasoning=reasoning)
-                    elif k in texts:
-                        yield text_event(k, "".join(texts[k]))
+                    elif k in texts or k in held:
+                        # At least stream_interval pieces an event, but the first at once
+                        # (time to first token) and the rest with the finish.
+                        buf = held.setdefault(k, [])
+                        buf.extend(texts.get(k, ()))
+                        if len(buf) >= stream_interval or k in ended or k not in started:
+                            started.add(k)
+                            yield text_event(k, "".join(buf))
+                            del held[k]
                     if k not in ended:
                         still.append(k)
                         continue

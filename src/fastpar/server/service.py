@@ -28,7 +28,7 @@ def serve(model: Optional[str] = None, *, host: str = "127.0.0.1", port: int = 8
           kv_unified: Optional[bool] = None,
           prefix_cache_mib: Optional[int] = SERVE_PREFIX_CACHE_MIB, prefix_cache_dir: Optional[str] = None,
           embeddings: bool = False, pooling: Optional[str] = None, limits: Optional[Limits] = None,
-          api_key: Optional[str] = None, model_name: Optional[str] = None,
+          api_key: Optional[str] = None, model_name: Optional[str] = None, stream_interval: int = 1,
           shutdown_timeout: float = 5.0, log_level: str = "info") -> int:
     """Run the server until SIGTERM or Ctrl-C, then stop accepting, give the requests in
     flight up to ``shutdown_timeout`` seconds, cancel the rest (answered 503, or a stream's
@@ -40,9 +40,10 @@ def serve(model: Optional[str] = None, *, host: str = "127.0.0.1", port: int = 8
     ``prefix_cache_mib`` the prefix cache's host memory (default -1: on, unlike the library's
     ``Context``; 0: off) and ``prefix_cache_dir`` its folder across restarts. ``embeddings``
     serves ``/v1/embeddings`` instead of generation, pooling by ``pooling`` (None: the model's
-    own, else mean). ``limits``: what one request may ask (``create_app``). A missing model
-    file, a port out of range or a negative ``shutdown_timeout`` raise ``ValueError`` (or
-    ``FileNotFoundError``) before anything starts."""
+    own, else mean). ``limits``: what one request may ask and ``stream_interval`` the tokens
+    a streamed event gathers (``create_app``). A missing model file, a port out of range or
+    a negative ``shutdown_timeout`` raise ``ValueError`` (or ``FileNotFoundError``) before
+    anything starts."""
     import signal
 
     import uvicorn
@@ -87,7 +88,7 @@ def serve(model: Optional[str] = None, *, host: str = "127.0.0.1", port: int = 8
                 server.should_exit = True
             raise
 
-    app = create_app(load, model_name=model_name, api_key=api_key, limits=limits)
+    app = create_app(load, model_name=model_name, api_key=api_key, limits=limits, stream_interval=stream_interval)
     state: _State = app.state.fastpar
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
                             timeout_graceful_shutdown=_SEND_GRACE_S, access_log=False)
