@@ -1,0 +1,119 @@
+#!/usr/bin/env python3
+"""Where `fastpar serve`'s time goes under bench_server.py's HTTP load: one Engine, served
+over HTTP (the server's app under uvicorn on a thread of this process, as the test suite
+runs it) and loaded in-process, taking turns. For each load: generated tokens/s, time to
+first token, the share of the time the engine had a request in a slot (`EngineStats.busy_s`),
+its time per decode call while busy, and the CPU time of the event loop's thread and of the
+whole process (from /proc; Linux only).
+
+    python bench/bench_server_threads.py --gpu [--users 64,256] [--reps 2] [--stream-interval 1]
+    python bench/bench_server_threads.py          # the CPU: the tiny model of bench_wakeups.py
+
+The HTTP load comes from --client-procs processes of the async openai client, each request
+streamed with ignore_eos (bench_server.py's clients). Needs `pip install 'fastpar[server]' openai`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import pathlib
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import fastpar  # noqa: E402
+import bench_server as bs  # noqa: E402
+import run as bench_run  # noqa: E402
+from bench_wakeups import tiny_model  # noqa: E402
+from fastpar.server.protocol import SERVE_PREFIX_CACHE_MIB  # noqa: E402
+
+
+def cpu_s(tid: int) -> float:
+    fields = pathlib.Path(f"/proc/{os.getpid()}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def process_cpu_s() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
+def measure(engine: fastpar.Engine, loop_tid: int, load) -> dict:
+    s0, c0, p0, t0 = engine.stats(), cpu_s(loop_tid), process_cpu_s(), time.monotonic()
+    r = load()
+    wall = time.monotonic() - t0
+    s1 = engine.stats()
+    calls = s1.n_decode_calls - s0.n_decode_calls
+    busy = s1.busy_s - s0.busy_s
+    return dict(tok_s=r["gen"] / r["wall"], ttft=bs.percentile(r["ttfts"], 0.5), busy=busy / wall,
+                ms_call=busy / max(1, calls) * 1e3, calls=calls, loop=(cpu_s(loop_tid) - c0) / wall,
+                process=(process_cpu_s() - p0) / wall)
+
+
+def main() -> int:
+    import uvicorn
+
+    from fastpar.server import create_app
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--gpu", action="store_true", help="the F16 speed model, every layer on the GPU")
+    ap.add_argument("--users", default="64,256")
+    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--client-procs", type=int, default=8)
+    ap.add_argument("--stream-interval", type=int, default=1)
+    args = ap.parse_args()
+    ngl = -1 if args.gpu else 0
+    if args.gpu:
+        path = subprocess.run([sys.executable, str(HERE / "make_speed_model.py"), "--type", "F16"], check=True,
+                              capture_output=True, text=True).stdout.strip().splitlines()[-1]
+    else:
+        path = str(tiny_model())
+    model = fastpar.Model(path, n_gpu_layers=ngl)
+    print(f"{'GPU ' + bench_run.gpu_name() if args.gpu else 'CPU'}, {pathlib.Path(path).name}, "
+          f"--stream-interval {args.stream_interval}, {args.client_procs} client processes", flush=True)
+    print("| users | load | gen tok/s | TTFT p50 ms | engine busy | ms per decode call | loop thread CPU | process CPU |")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|")
+    for users in (int(u) for u in args.users.split(",")):
+        def prompts(seed: int) -> list:
+            if args.gpu:
+                return bench_run.make_prompts(model, users * 8, 32, 0, seed=seed)
+            return [f"Tell me a story about the number {seed * 100000 + k}." for k in range(users * 8)]
+
+        with fastpar.Engine(model, n_parallel=users, n_ctx_per_seq=90, n_threads=4 if args.gpu else 1,
+                            prefix_cache_mib=SERVE_PREFIX_CACHE_MIB) as engine:
+            server = uvicorn.Server(uvicorn.Config(create_app(engine, stream_interval=args.stream_interval),
+                                                   host="127.0.0.1", port=bench_run.free_port(),
+                                                   log_level="warning", access_log=False))
+            tid: list = []
+            thread = threading.Thread(target=lambda: (tid.append(threading.get_native_id()), server.run()),
+                                      daemon=True)
+            thread.start()
+            while not server.started:
+                time.sleep(0.05)
+            url = f"http://127.0.0.1:{server.config.port}/v1"
+            bs.http_load(url, [dict(prompt=p, gen=50) for p in prompts(99)[:users]], users, args.client_procs)
+            rows: dict = {"HTTP": [], "in-process": []}
+            for rep in range(args.reps):
+                reqs = [dict(prompt=p, gen=50) for p in prompts(rep)]
+                order = ["HTTP", "in-process"][::-1 if rep % 2 else 1]
+                for who in order:
+                    load = ((lambda: bs.http_load(url, reqs, users, args.client_procs)) if who == "HTTP"
+                            else (lambda: asyncio.run(bs.engine_load(engine, reqs, users))))
+                    rows[who].append(measure(engine, tid[0], load))
+            server.should_exit = True
+            thread.join(30)
+        for who, rs in rows.items():
+            med = {k: statistics.median(r[k] for r in rs) for k in rs[0]}
+            print(f"| {users} | {who} | {med['tok_s']:,.0f} | {med['ttft'] * 1e3:.0f} | {med['busy']:.2f} | "
+                  f"{med['ms_call']:.2f} | {med['loop']:.2f} | {med['process']:.2f} |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
