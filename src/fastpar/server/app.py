@@ -330,8 +330,9 @@ def create_app(engine: Union[Engine, Callable[[], Engine]], *, model_name: Optio
     (else 401); ``/health`` and ``/metrics`` stay open. ``limits``: what one request may ask
     (``fastpar.server.protocol.Limits``: body size, ``n``, prompts, ``max_tokens``).
     ``stream_interval``: a streamed choice's text goes out in events of at least this many
-    tokens (its first token and its last come at once); larger values make fewer events
-    and less work a token for the server and its clients.
+    tokens (its first token and its last come at once; a stream with tools or a split
+    thought sends what its parser gives); larger values make fewer events and less work a
+    token for the server and its clients.
     """
     if api_key is not None and (not isinstance(api_key, str) or not api_key):
         raise ValueError("api_key must be a non-empty str or None")
@@ -531,7 +532,7 @@ def create_app(engine: Union[Engine, Callable[[], Engine]], *, model_name: Optio
                             yield chunk(k, content or None, None, reasoning=reasoning)
                     elif k in texts or k in held:
                         # At least stream_interval pieces an event, but the first at once
-                        # (time to first token) and the rest with the finish.
+                        # (time to first token) and the last with the finish.
                         buf = held.setdefault(k, [])
                         buf.extend(texts.get(k, ()))
                         if len(buf) >= stream_interval or k in ended or k not in started:
