@@ -25,7 +25,7 @@ import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from bench_wakeups import tiny_model  # noqa: E402
-from run import free_port, wait_healthy  # noqa: E402
+from run import free_port, thread_cpu_s, wait_healthy  # noqa: E402
 
 STACKS = {"asyncio + h11": ("asyncio", "h11", 1), "uvloop + httptools": ("uvloop", "httptools", 1),
           "uvloop + httptools, --stream-interval 4": ("uvloop", "httptools", 4)}
@@ -65,12 +65,6 @@ asyncio.run(main())
 """
 
 
-def loop_cpu_s(pid: int) -> float:
-    # The main thread (the event loop): utime + stime of /proc/<pid>/task/<pid>/stat, in ticks.
-    fields = pathlib.Path(f"/proc/{pid}/task/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / 100.0
-
-
 def one_run(model: str, loop: str, http: str, interval: int, users: int) -> tuple:
     port = free_port()
     server = subprocess.Popen([sys.executable, "-c", SERVER, model, str(port), loop, http, str(users), str(interval)])
@@ -78,9 +72,9 @@ def one_run(model: str, loop: str, http: str, interval: int, users: int) -> tupl
         wait_healthy(port, server, f"fastpar serve ({loop}, {http})", 120)
         client = [sys.executable, "-c", CLIENT, str(port), str(users)]
         subprocess.run(client + ["2"], check=True, capture_output=True)  # warm: connections, first steps
-        before = loop_cpu_s(server.pid)
+        before = thread_cpu_s(server.pid, server.pid)  # its main thread runs the event loop
         out = subprocess.run(client + ["8"], check=True, capture_output=True, text=True).stdout.split()
-        cpu = loop_cpu_s(server.pid) - before
+        cpu = thread_cpu_s(server.pid, server.pid) - before
         tokens = users * 8 * 50
         return cpu / tokens * 1e6, float(out[0]), int(out[1])
     finally:

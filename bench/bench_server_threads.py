@@ -34,25 +34,21 @@ from bench_wakeups import tiny_model  # noqa: E402
 from fastpar.server.protocol import SERVE_PREFIX_CACHE_MIB  # noqa: E402
 
 
-def cpu_s(tid: int) -> float:
-    fields = pathlib.Path(f"/proc/{os.getpid()}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def process_cpu_s() -> float:
     t = os.times()
     return t.user + t.system
 
 
 def measure(engine: fastpar.Engine, loop_tid: int, load) -> dict:
-    s0, c0, p0, t0 = engine.stats(), cpu_s(loop_tid), process_cpu_s(), time.monotonic()
+    s0, c0 = engine.stats(), bench_run.thread_cpu_s(os.getpid(), loop_tid)
+    p0, t0 = process_cpu_s(), time.monotonic()
     r = load()
     wall = time.monotonic() - t0
     s1 = engine.stats()
     calls = s1.n_decode_calls - s0.n_decode_calls
     busy = s1.busy_s - s0.busy_s
     return dict(tok_s=r["gen"] / r["wall"], ttft=bs.percentile(r["ttfts"], 0.5), busy=busy / wall,
-                ms_call=busy / max(1, calls) * 1e3, calls=calls, loop=(cpu_s(loop_tid) - c0) / wall,
+                ms_call=busy / max(1, calls) * 1e3, loop=(bench_run.thread_cpu_s(os.getpid(), loop_tid) - c0) / wall,
                 process=(process_cpu_s() - p0) / wall)
 
 
@@ -95,6 +91,8 @@ def main() -> int:
                                       daemon=True)
             thread.start()
             while not server.started:
+                if not thread.is_alive():
+                    raise RuntimeError("the server's thread ended before it started")
                 time.sleep(0.05)
             url = f"http://127.0.0.1:{server.config.port}/v1"
             bs.http_load(url, [dict(prompt=p, gen=50) for p in prompts(99)[:users]], users, args.client_procs)

@@ -305,6 +305,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def thread_cpu_s(pid: int, tid: int) -> float:
+    """CPU seconds thread `tid` of process `pid` has used: utime + stime of its /proc stat (Linux)."""
+    fields = pathlib.Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def wait_healthy(port: int, proc: subprocess.Popen, what: str, timeout_s: float = 300) -> None:
     """Until the server on `port` answers /health with 200; RuntimeError if it exits first
     or takes longer than timeout_s."""
