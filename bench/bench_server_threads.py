@@ -3,8 +3,10 @@
 over HTTP (the server's app under uvicorn on a thread of this process, as the test suite
 runs it) and loaded in-process, taking turns. For each load: generated tokens/s, time to
 first token, the share of the time the engine had a request in a slot (`EngineStats.busy_s`),
-its time per decode call while busy, and the CPU time of the event loop's thread and of the
-whole process (from /proc; Linux only).
+its time per decode call while busy; CPU time (in cores) of the event loop's thread, the whole
+process, the client processes and the whole machine; and the engine's thread's CPU, its time
+waiting on a run queue (CPU it wanted and did not get) and its context switches (from /proc;
+Linux only).
 
     python bench/bench_server_threads.py --gpu [--users 64,256] [--reps 2] [--stream-interval 1]
     python bench/bench_server_threads.py          # the CPU: the tiny model of bench_wakeups.py
@@ -34,22 +36,49 @@ from bench_wakeups import tiny_model  # noqa: E402
 from fastpar.server.protocol import SERVE_PREFIX_CACHE_MIB  # noqa: E402
 
 
-def process_cpu_s() -> float:
+def process_cpu_s() -> tuple:
+    """(this process's CPU seconds, its finished children's: the client processes)."""
     t = os.times()
-    return t.user + t.system
+    return t.user + t.system, t.children_user + t.children_system
+
+
+def machine_busy_s() -> float:
+    """CPU seconds every core of the machine has spent busy (/proc/stat: all but idle and iowait)."""
+    f = [int(x) for x in pathlib.Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return (sum(f) - f[3] - f[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def threads_sched() -> dict:
+    """Per thread of this process: CPU seconds, seconds waiting on a run queue (schedstat; 0
+    where the kernel keeps none), voluntary and involuntary context switches."""
+    out = {}
+    for task in pathlib.Path(f"/proc/{os.getpid()}/task").iterdir():
+        try:
+            tid = int(task.name)
+            sched = (task / "schedstat").read_text().split()
+            status = dict(line.split(":", 1) for line in (task / "status").read_text().splitlines() if ":" in line)
+            out[tid] = (bench_run.thread_cpu_s(os.getpid(), tid), int(sched[1]) / 1e9,
+                        int(status["voluntary_ctxt_switches"]), int(status["nonvoluntary_ctxt_switches"]))
+        except (OSError, ValueError, KeyError, IndexError):
+            continue  # a thread that ended meanwhile
+    return out
 
 
 def measure(engine: fastpar.Engine, loop_tid: int, load) -> dict:
     s0, c0 = engine.stats(), bench_run.thread_cpu_s(os.getpid(), loop_tid)
-    p0, t0 = process_cpu_s(), time.monotonic()
+    (p0, k0), m0, th0, t0 = process_cpu_s(), machine_busy_s(), threads_sched(), time.monotonic()
     r = load()
     wall = time.monotonic() - t0
-    s1 = engine.stats()
+    s1, (p1, k1), m1, th1 = engine.stats(), process_cpu_s(), machine_busy_s(), threads_sched()
+    # The engine's thread: the busiest one besides the loop's (in-process it spins on the GPU).
+    d = {tid: tuple(b - a for a, b in zip(th0[tid], th1[tid])) for tid in th1 if tid in th0 and tid != loop_tid}
+    eng = max(d.values(), key=lambda v: v[0])
     calls = s1.n_decode_calls - s0.n_decode_calls
     busy = s1.busy_s - s0.busy_s
     return dict(tok_s=r["gen"] / r["wall"], ttft=bs.percentile(r["ttfts"], 0.5), busy=busy / wall,
                 ms_call=busy / max(1, calls) * 1e3, loop=(bench_run.thread_cpu_s(os.getpid(), loop_tid) - c0) / wall,
-                process=(process_cpu_s() - p0) / wall)
+                process=(p1 - p0) / wall, clients=(k1 - k0) / wall, machine=(m1 - m0) / wall,
+                eng_cpu=eng[0] / wall, eng_wait=eng[1] / wall, eng_vol=eng[2] / wall, eng_invol=eng[3] / wall)
 
 
 def main() -> int:
@@ -73,8 +102,10 @@ def main() -> int:
     model = fastpar.Model(path, n_gpu_layers=ngl)
     print(f"{'GPU ' + bench_run.gpu_name() if args.gpu else 'CPU'}, {pathlib.Path(path).name}, "
           f"--stream-interval {args.stream_interval}, {args.client_procs} client processes", flush=True)
-    print("| users | load | gen tok/s | TTFT p50 ms | engine busy | ms per decode call | loop thread CPU | process CPU |")
-    print("|---:|---|---:|---:|---:|---:|---:|---:|")
+    print("| users | load | gen tok/s | TTFT p50 ms | engine busy | ms per decode call | loop thread CPU | process CPU "
+          "| client processes CPU | machine CPU | engine thread CPU | its run-queue wait | its switches/s: voluntary, "
+          "involuntary |")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for users in (int(u) for u in args.users.split(",")):
         def prompts(seed: int) -> list:
             if args.gpu:
@@ -109,7 +140,9 @@ def main() -> int:
         for who, rs in rows.items():
             med = {k: statistics.median(r[k] for r in rs) for k in rs[0]}
             print(f"| {users} | {who} | {med['tok_s']:,.0f} | {med['ttft'] * 1e3:.0f} | {med['busy']:.2f} | "
-                  f"{med['ms_call']:.2f} | {med['loop']:.2f} | {med['process']:.2f} |", flush=True)
+                  f"{med['ms_call']:.2f} | {med['loop']:.2f} | {med['process']:.2f} | {med['clients']:.2f} | "
+                  f"{med['machine']:.2f} | {med['eng_cpu']:.2f} | {med['eng_wait']:.2f} | "
+                  f"{med['eng_vol']:,.0f}, {med['eng_invol']:,.0f} |", flush=True)
     return 0
 
 
