@@ -54,6 +54,7 @@ STAGES = {
     6: "transformers generate, bf16",
     7: "fastpar generate_parallel, whole rows sampled on the host",
     8: "fastpar generate_parallel, device sampling (rows cut down on the GPU)",
+    9: "fastpar Engine, every prompt submitted at once",
 }
 # Every level a workload defines (the plots' x-axes); --parallel and --prompt-tokens narrow
 # what one run measures.
@@ -257,6 +258,7 @@ def stage2(models, w, sampler, threads, prompts, device_sampling=None):
                                n_gen_tokens=sum(c.n_gen_tokens for c in res),
                                failed=sum(c.finish_reason == "error" for c in res),
                                n_device_sampled=ctx.last_stats.n_device_sampled, context_s=context_s,
+                               n_decode_calls=ctx.last_stats.n_decode_calls,
                                warmed_up=ctx.warmed_up))
 
 
@@ -294,8 +296,27 @@ def stage3(models, w, sampler, threads, prompts):
             return c.n_prompt_tokens, c.n_gen_tokens
 
         # 8 client threads, or one per slot where there are more slots: fewer would leave slots idle.
+        c0 = e.stats().n_decode_calls
         walls, (_, (n_prompt, n_gen)) = timed(lambda: _clients(max(8, n_par), prompts, send))
-    return counted(walls, dict(n_prompt_tokens=n_prompt, n_gen_tokens=n_gen))
+        calls = (e.stats().n_decode_calls - c0) / len(walls)
+    return counted(walls, dict(n_prompt_tokens=n_prompt, n_gen_tokens=n_gen, n_decode_calls=calls))
+
+
+def stage9(models, w, sampler, threads, prompts):
+    """The Engine on generate_parallel's load: every prompt queued before the first step, so
+    that a slot is refilled the step it frees. Stage 3's clients send a prompt only when
+    their last is answered, which staggers the waves: more decode calls for the same tokens."""
+    name, model_path, n_req, n_par, pl, gl, _ = w
+    with fastpar.Engine(models[model_path], n_parallel=n_par, n_ctx_per_seq=pl + gl + 8, n_threads=threads,
+                        max_queued=len(prompts)) as e:
+        def run():
+            done = [r.result() for r in [e.submit(p, **request_params(gl, sampler)) for p in prompts]]
+            return sum(c.n_prompt_tokens for c in done), sum(c.n_gen_tokens for c in done)
+
+        c0 = e.stats().n_decode_calls
+        walls, (n_prompt, n_gen) = timed(run)
+        calls = (e.stats().n_decode_calls - c0) / len(walls)
+    return counted(walls, dict(n_prompt_tokens=n_prompt, n_gen_tokens=n_gen, n_decode_calls=calls))
 
 
 def free_port() -> int:
@@ -671,6 +692,8 @@ def main() -> int:
                         r = stage2(models, w, sampler, args.threads, prompts)
                     elif st == 3:
                         r = stage3(models, w, sampler, args.threads, prompts)
+                    elif st == 9:
+                        r = stage9(models, w, sampler, args.threads, prompts)
                     elif st == 4:
                         r = stage4(tools, w, sampler, args.threads, prompts, servers)
                     elif st == 5:
@@ -683,7 +706,8 @@ def main() -> int:
                         r = stage2(models, w, sampler, args.threads, prompts, device_sampling=True)
                     per_stage.setdefault(str(st), {"runs": []})["runs"].append(r)
                     print(f"{key} rep {rep} stage {st}: {r['n_gen_tokens'] / r['wall_s']:.1f} gen tok/s, "
-                          f"{(r['n_gen_tokens'] + r['n_prompt_tokens']) / r['wall_s']:.1f} tok/s", flush=True)
+                          f"{(r['n_gen_tokens'] + r['n_prompt_tokens']) / r['wall_s']:.1f} tok/s"
+                          + (f", {r['n_decode_calls']:.0f} decode calls" if "n_decode_calls" in r else ""), flush=True)
             # After every repetition: a run stopped part-way (a time limit) keeps every whole
             # repetition it measured, and the table says how many a row has.
             for sampler in samplers:
