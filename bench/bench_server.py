@@ -40,16 +40,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import multiprocessing
 import os
 import pathlib
 import platform
 import random
+import re
 import statistics
 import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 
 import fastpar
 from fastpar.server.protocol import SERVE_PREFIX_CACHE_MIB
@@ -179,15 +182,66 @@ async def stream(client: "openai.AsyncOpenAI", b: dict) -> dict:
                 prompt=prompt)
 
 
-async def _users(url: str, requests: list, users: int) -> dict:
-    """`users` users of one client sending `requests`, each its next when its last ends."""
-    async with async_client(url, users) as client:
+async def raw_stream(url: str, b: dict) -> dict:
+    """stream()'s request and answer without the openai client: the body as the client
+    would send it, over a connection of asyncio's own (one a request, as async_client's),
+    reading the chunked SSE answer event by event and decoding JSON only for the usage.
+    A few microseconds an event, where the openai client takes about what a server takes to
+    send one: a load generator that leaves the machine's cores to the server."""
+    body = {k: v for k, v in b.items() if k != "extra_body"} | b.get("extra_body", {})
+    path = "/chat/completions" if "messages" in body else "/completions"
+    parts = urllib.parse.urlsplit(url + path)
+    payload = json.dumps(body).encode()
+    t0 = time.perf_counter()
+    reader, writer = await asyncio.open_connection(parts.hostname, parts.port)
+    try:
+        writer.write(f"POST {parts.path} HTTP/1.1\r\nHost: {parts.netloc}\r\nContent-Type: application/json\r\n"
+                     f"Authorization: Bearer x\r\nContent-Length: {len(payload)}\r\nConnection: close\r\n\r\n"
+                     .encode() + payload)
+        status = await reader.readline()
+        headers = {}
+        while (line := await reader.readline()) not in (b"\r\n", b"\n", b""):
+            k, _, v = line.decode("latin-1").partition(":")
+            headers[k.strip().lower()] = v.strip().lower()
+        if status.split()[1:2] != [b"200"]:
+            raise RuntimeError(f"{url + path}: {status.decode('latin-1').strip()} {await reader.read(2000)!r}")
+        first, gen, prompt, buf = None, 0, 0, b""
+        chunked = headers.get("transfer-encoding") == "chunked"
+        while True:
+            if chunked:
+                size = int((await reader.readline()).split(b";")[0].strip() or b"0", 16)
+                data = (await reader.readexactly(size + 2))[:-2] if size else b""
+            else:
+                data = await reader.read(1 << 16)
+            if not data:
+                break
+            buf += data.replace(b"\r\n", b"\n")
+            *events, buf = buf.split(b"\n\n")
+            for ev in events:
+                if not ev.startswith(b"data: ") or ev == b"data: [DONE]":
+                    continue
+                if first is None and re.search(rb'"(text|content)":"[^"]', ev):
+                    first = time.perf_counter() - t0
+                if b'"usage":{' in ev:
+                    usage = json.loads(ev[6:])["usage"]
+                    gen += usage["completion_tokens"]
+                    prompt += usage["prompt_tokens"]
+    finally:
+        writer.close()
+    return dict(ttft=first if first is not None else time.perf_counter() - t0, gen=gen, prompt=prompt)
+
+
+async def _users(url: str, requests: list, users: int, client: str = "openai") -> dict:
+    """`users` users of one client sending `requests`, each its next when its last ends;
+    client "openai" (the openai package) or "raw" (raw_stream)."""
+    async with async_client(url, users) as oa:
         queue = list(reversed(requests))
         ttfts, gen, prompt = [], [0], [0]
 
         async def user():
             while queue:
-                r = await stream(client, body_of(queue.pop()))
+                b = body_of(queue.pop())
+                r = await (stream(oa, b) if client == "openai" else raw_stream(url, b))
                 gen[0] += r["gen"]
                 prompt[0] += r["prompt"]
                 ttfts.append(r["ttft"])
@@ -196,28 +250,31 @@ async def _users(url: str, requests: list, users: int) -> dict:
         return dict(gen=gen[0], prompt=prompt[0], ttfts=ttfts, end=time.monotonic())
 
 
-def _client_process(url: str, requests: list, users: int, ready, start, out) -> None:
+def _client_process(url: str, requests: list, users: int, client: str, ready, start, out) -> None:
     """One client process of http_load: its share of the users, started with the others."""
     ready.put(True)
     start.wait()
-    out.put(asyncio.run(_users(url, requests, users)))
+    out.put(asyncio.run(_users(url, requests, users, client)))
 
 
-def http_load(url: str, requests: list, users: int, procs: int) -> dict:
+def http_load(url: str, requests: list, users: int, procs: int, client: str = "openai") -> dict:
     """The users spread over `procs` client processes (their requests dealt round-robin),
     so that the client's own parsing of the streams is not what limits the load: the openai
-    client takes about as much CPU a chunk as a server takes to send it. Timed from the
-    start signal to the last process's last answer (time.monotonic is one clock for all)."""
+    client takes about as much CPU a chunk as a server takes to send it (client "raw":
+    raw_stream, far less). Timed from the start signal to the last process's last answer
+    (time.monotonic is one clock for all)."""
+    if client not in ("openai", "raw"):
+        raise ValueError(f"client must be 'openai' or 'raw', got {client!r}")
     with HealthProbe(url[:-len("/v1")]) as probe:
         if procs <= 1:
             t0 = time.monotonic()
-            parts = [asyncio.run(_users(url, requests, users))]
+            parts = [asyncio.run(_users(url, requests, users, client))]
         else:
             mp = multiprocessing.get_context("spawn")
             ready, out, start = mp.Queue(), mp.Queue(), mp.Event()
             shares = [users // procs + (p < users % procs) for p in range(procs)]
             workers = [mp.Process(target=_client_process, daemon=True,
-                                  args=(url, requests[p::procs], shares[p], ready, start, out))
+                                  args=(url, requests[p::procs], shares[p], client, ready, start, out))
                        for p in range(procs)]
             for w in workers:
                 w.start()
@@ -346,6 +403,9 @@ def main() -> int:
                          "at least 1)")
     ap.add_argument("--stream-interval", type=int, default=1,
                     help="also run fastpar serve --stream-interval N (events of N tokens) when N > 1")
+    ap.add_argument("--client", choices=("openai", "raw"), default="openai",
+                    help="the users' client: the openai package, or raw (asyncio's own connections, JSON decoded only "
+                         "for the usage: a load generator far lighter on the cores than the servers it loads)")
     ap.add_argument("--kv-unified", action="store_true",
                     help="also fastpar serve --kv-unified (one KV buffer for all slots)")
     ap.add_argument("--slots", type=int, default=None,
@@ -403,7 +463,7 @@ def main() -> int:
                             if who == "Engine in-process":
                                 r = asyncio.run(engine_load(e, reqs, users))
                             else:
-                                r = http_load(servers[who].url, reqs, users, procs)
+                                r = http_load(servers[who].url, reqs, users, procs, args.client)
                         except openai.APIError as err:  # a setting the server fails with: reported, not fatal
                             failed[who] = f"{type(err).__name__}: {err}"
                             print(f"  {who}: failed: {failed[who]}", flush=True)
@@ -458,6 +518,7 @@ def main() -> int:
              f"{f' --workloads {args.workloads}' if not args.gpu or 'mixed' in args.workloads else ''} "
              f"--reps {args.reps} --speed-type {args.speed_type} --llama-settings {args.llama_settings}"
              f"{f' --client-procs {args.client_procs}' if args.client_procs else ''}"
+             f"{f' --client {args.client}' if args.client != 'openai' else ''}"
              f"{f' --stream-interval {args.stream_interval}' if args.stream_interval > 1 else ''}"
              f"{' --kv-unified' if args.kv_unified else ''}{f' --slots {args.slots}' if args.slots else ''}`; "
              f"fastpar {fastpar.__version__}, {machine}; "

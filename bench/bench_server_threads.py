@@ -11,8 +11,9 @@ Linux only).
     python bench/bench_server_threads.py --gpu [--users 64,256] [--reps 2] [--stream-interval 1]
     python bench/bench_server_threads.py          # the CPU: the tiny model of bench_wakeups.py
 
-The HTTP load comes from --client-procs processes of the async openai client, each request
-streamed with ignore_eos (bench_server.py's clients). Needs `pip install 'fastpar[server]' openai`.
+The HTTP load comes from --client-procs processes of the async openai client (--client raw:
+bench_server.py's raw_stream, far lighter on the cores), each request streamed with
+ignore_eos (bench_server.py's clients). Needs `pip install 'fastpar[server]' openai`.
 """
 
 from __future__ import annotations
@@ -92,6 +93,8 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--client-procs", type=int, default=8)
     ap.add_argument("--stream-interval", type=int, default=1)
+    ap.add_argument("--client", choices=("openai", "raw"), default="openai",
+                    help="bench_server.py's clients: the openai package or raw (far lighter on the cores)")
     args = ap.parse_args()
     ngl = -1 if args.gpu else 0
     if args.gpu:
@@ -101,7 +104,7 @@ def main() -> int:
         path = str(tiny_model())
     model = fastpar.Model(path, n_gpu_layers=ngl)
     print(f"{'GPU ' + bench_run.gpu_name() if args.gpu else 'CPU'}, {pathlib.Path(path).name}, "
-          f"--stream-interval {args.stream_interval}, {args.client_procs} client processes", flush=True)
+          f"--stream-interval {args.stream_interval}, {args.client_procs} client processes ({args.client} client)", flush=True)
     print("| users | load | gen tok/s | TTFT p50 ms | engine busy | ms per decode call | loop thread CPU | process CPU "
           "| client processes CPU | machine CPU | engine thread CPU | its run-queue wait | its switches/s: voluntary, "
           "involuntary |")
@@ -126,13 +129,13 @@ def main() -> int:
                     raise RuntimeError("the server's thread ended before it started")
                 time.sleep(0.05)
             url = f"http://127.0.0.1:{server.config.port}/v1"
-            bs.http_load(url, [dict(prompt=p, gen=50) for p in prompts(99)[:users]], users, args.client_procs)
+            bs.http_load(url, [dict(prompt=p, gen=50) for p in prompts(99)[:users]], users, args.client_procs, args.client)
             rows: dict = {"HTTP": [], "in-process": []}
             for rep in range(args.reps):
                 reqs = [dict(prompt=p, gen=50) for p in prompts(rep)]
                 order = ["HTTP", "in-process"][::-1 if rep % 2 else 1]
                 for who in order:
-                    load = ((lambda: bs.http_load(url, reqs, users, args.client_procs)) if who == "HTTP"
+                    load = ((lambda: bs.http_load(url, reqs, users, args.client_procs, args.client)) if who == "HTTP"
                             else (lambda: asyncio.run(bs.engine_load(engine, reqs, users))))
                     rows[who].append(measure(engine, tid[0], load))
             server.should_exit = True
