@@ -257,18 +257,23 @@ def _client_process(url: str, requests: list, users: int, client: str, ready, st
     out.put(asyncio.run(_users(url, requests, users, client)))
 
 
-def http_load(url: str, requests: list, users: int, procs: int, client: str = "openai") -> dict:
+def http_load(url: str, requests: list, users: int, procs: int, client: str = "openai",
+              on_start=None, on_end=None) -> dict:
     """The users spread over `procs` client processes (their requests dealt round-robin),
     so that the client's own parsing of the streams is not what limits the load: the openai
     client takes about as much CPU a chunk as a server takes to send it (client "raw":
     raw_stream, far less). Timed from the start signal to the last process's last answer
-    (time.monotonic is one clock for all)."""
+    (time.monotonic is one clock for all); on_start() and on_end(), when given, are called
+    at those two moments (a caller's measurement window, without the processes' start-up)."""
+    on_start, on_end = on_start or (lambda: None), on_end or (lambda: None)
     if client not in ("openai", "raw"):
         raise ValueError(f"client must be 'openai' or 'raw', got {client!r}")
     with HealthProbe(url[:-len("/v1")]) as probe:
         if procs <= 1:
+            on_start()
             t0 = time.monotonic()
             parts = [asyncio.run(_users(url, requests, users, client))]
+            on_end()
         else:
             mp = multiprocessing.get_context("spawn")
             ready, out, start = mp.Queue(), mp.Queue(), mp.Event()
@@ -280,9 +285,11 @@ def http_load(url: str, requests: list, users: int, procs: int, client: str = "o
                 w.start()
             for _ in workers:
                 ready.get(timeout=120)  # every client has imported openai and is waiting
+            on_start()
             t0 = time.monotonic()
             start.set()
             parts = [out.get(timeout=3600) for _ in workers]
+            on_end()
             for w in workers:
                 w.join()
     return dict(wall=max(p["end"] for p in parts) - t0, gen=sum(p["gen"] for p in parts),

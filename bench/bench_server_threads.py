@@ -3,10 +3,11 @@
 over HTTP (the server's app under uvicorn on a thread of this process, as the test suite
 runs it) and loaded in-process, taking turns. For each load: generated tokens/s, time to
 first token, the share of the time the engine had a request in a slot (`EngineStats.busy_s`),
-its time per decode call while busy; CPU time (in cores) of the event loop's thread, the whole
-process, the client processes and the whole machine; and the engine's thread's CPU, its time
-waiting on a run queue (CPU it wanted and did not get) and its context switches (from /proc;
-Linux only).
+its time per decode call while busy; CPU time (in cores) of the event loop's thread, the
+whole process, the rest of the machine (the client processes, the kernel) and the whole
+machine; and the engine's thread's CPU, its time waiting on a run queue (CPU it wanted and
+did not get) and its context switches (from /proc; Linux only), all from the load's start
+signal to its last answer.
 
     python bench/bench_server_threads.py --gpu [--users 64,256] [--reps 2] [--stream-interval 1]
     python bench/bench_server_threads.py          # the CPU: the tiny model of bench_wakeups.py
@@ -37,10 +38,9 @@ from bench_wakeups import tiny_model  # noqa: E402
 from fastpar.server.protocol import SERVE_PREFIX_CACHE_MIB  # noqa: E402
 
 
-def process_cpu_s() -> tuple:
-    """(this process's CPU seconds, its finished children's: the client processes)."""
+def process_cpu_s() -> float:
     t = os.times()
-    return t.user + t.system, t.children_user + t.children_system
+    return t.user + t.system
 
 
 def machine_busy_s() -> float:
@@ -66,19 +66,25 @@ def threads_sched() -> dict:
 
 
 def measure(engine: fastpar.Engine, loop_tid: int, load) -> dict:
-    s0, c0 = engine.stats(), bench_run.thread_cpu_s(os.getpid(), loop_tid)
-    (p0, k0), m0, th0, t0 = process_cpu_s(), machine_busy_s(), threads_sched(), time.monotonic()
-    r = load()
-    wall = time.monotonic() - t0
-    s1, (p1, k1), m1, th1 = engine.stats(), process_cpu_s(), machine_busy_s(), threads_sched()
+    """Runs load(on_start, on_end), which calls the two around its measured window (for the
+    HTTP load: from the start signal to the last answer, the client processes' start-up out)."""
+    marks: dict = {}
+
+    def snapshot(key: str) -> None:
+        marks[key] = (engine.stats(), bench_run.thread_cpu_s(os.getpid(), loop_tid), process_cpu_s(),
+                      machine_busy_s(), threads_sched(), time.monotonic())
+
+    r = load(lambda: snapshot("start"), lambda: snapshot("end"))
+    (s0, c0, p0, m0, th0, t0), (s1, c1, p1, m1, th1, t1) = marks["start"], marks["end"]
+    wall = t1 - t0
+    calls = s1.n_decode_calls - s0.n_decode_calls
+    busy = s1.busy_s - s0.busy_s
     # The engine's thread: the busiest one besides the loop's (in-process it spins on the GPU).
     d = {tid: tuple(b - a for a, b in zip(th0[tid], th1[tid])) for tid in th1 if tid in th0 and tid != loop_tid}
     eng = max(d.values(), key=lambda v: v[0])
-    calls = s1.n_decode_calls - s0.n_decode_calls
-    busy = s1.busy_s - s0.busy_s
     return dict(tok_s=r["gen"] / r["wall"], ttft=bs.percentile(r["ttfts"], 0.5), busy=busy / wall,
-                ms_call=busy / max(1, calls) * 1e3, loop=(bench_run.thread_cpu_s(os.getpid(), loop_tid) - c0) / wall,
-                process=(p1 - p0) / wall, clients=(k1 - k0) / wall, machine=(m1 - m0) / wall,
+                ms_call=busy / max(1, calls) * 1e3, loop=(c1 - c0) / wall, process=(p1 - p0) / wall,
+                outside=(m1 - m0 - (p1 - p0)) / wall, machine=(m1 - m0) / wall,
                 eng_cpu=eng[0] / wall, eng_wait=eng[1] / wall, eng_vol=eng[2] / wall, eng_invol=eng[3] / wall)
 
 
@@ -106,7 +112,7 @@ def main() -> int:
     print(f"{'GPU ' + bench_run.gpu_name() if args.gpu else 'CPU'}, {pathlib.Path(path).name}, "
           f"--stream-interval {args.stream_interval}, {args.client_procs} client processes ({args.client} client)", flush=True)
     print("| users | load | gen tok/s | TTFT p50 ms | engine busy | ms per decode call | loop thread CPU | process CPU "
-          "| client processes CPU | machine CPU | engine thread CPU | its run-queue wait | its switches/s: voluntary, "
+          "| CPU outside the process | machine CPU | engine thread CPU | its run-queue wait | its switches/s: voluntary, "
           "involuntary |")
     print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for users in (int(u) for u in args.users.split(",")):
@@ -135,15 +141,17 @@ def main() -> int:
                 reqs = [dict(prompt=p, gen=50) for p in prompts(rep)]
                 order = ["HTTP", "in-process"][::-1 if rep % 2 else 1]
                 for who in order:
-                    load = ((lambda: bs.http_load(url, reqs, users, args.client_procs, args.client)) if who == "HTTP"
-                            else (lambda: asyncio.run(bs.engine_load(engine, reqs, users))))
+                    load = ((lambda start, end: bs.http_load(url, reqs, users, args.client_procs, args.client,
+                                                             on_start=start, on_end=end)) if who == "HTTP"
+                            else (lambda start, end: (start(), asyncio.run(bs.engine_load(engine, reqs, users)),
+                                                      end())[1]))
                     rows[who].append(measure(engine, tid[0], load))
             server.should_exit = True
             thread.join(30)
         for who, rs in rows.items():
             med = {k: statistics.median(r[k] for r in rs) for k in rs[0]}
             print(f"| {users} | {who} | {med['tok_s']:,.0f} | {med['ttft'] * 1e3:.0f} | {med['busy']:.2f} | "
-                  f"{med['ms_call']:.2f} | {med['loop']:.2f} | {med['process']:.2f} | {med['clients']:.2f} | "
+                  f"{med['ms_call']:.2f} | {med['loop']:.2f} | {med['process']:.2f} | {med['outside']:.2f} | "
                   f"{med['machine']:.2f} | {med['eng_cpu']:.2f} | {med['eng_wait']:.2f} | "
                   f"{med['eng_vol']:,.0f}, {med['eng_invol']:,.0f} |", flush=True)
     return 0
