@@ -182,6 +182,11 @@ async def stream(client: "openai.AsyncOpenAI", b: dict) -> dict:
                 prompt=prompt)
 
 
+class ServerError(RuntimeError):
+    """A request the server answered with an error or dropped (raw_stream), or a client
+    process that failed: a setting the server fails with is reported, not fatal."""
+
+
 async def raw_stream(url: str, b: dict) -> dict:
     """stream()'s request and answer without the openai client: the body as the client
     would send it, over a connection of asyncio's own (one a request, as async_client's),
@@ -193,7 +198,10 @@ async def raw_stream(url: str, b: dict) -> dict:
     parts = urllib.parse.urlsplit(url + path)
     payload = json.dumps(body).encode()
     t0 = time.perf_counter()
-    reader, writer = await asyncio.open_connection(parts.hostname, parts.port)
+    try:
+        reader, writer = await asyncio.open_connection(parts.hostname, parts.port)
+    except OSError as err:
+        raise ServerError(f"{url + path}: {err}") from err
     try:
         writer.write(f"POST {parts.path} HTTP/1.1\r\nHost: {parts.netloc}\r\nContent-Type: application/json\r\n"
                      f"Authorization: Bearer x\r\nContent-Length: {len(payload)}\r\nConnection: close\r\n\r\n"
@@ -204,13 +212,16 @@ async def raw_stream(url: str, b: dict) -> dict:
             k, _, v = line.decode("latin-1").partition(":")
             headers[k.strip().lower()] = v.strip().lower()
         if status.split()[1:2] != [b"200"]:
-            raise RuntimeError(f"{url + path}: {status.decode('latin-1').strip()} {await reader.read(2000)!r}")
+            raise ServerError(f"{url + path}: {status.decode('latin-1').strip()} {await reader.read(2000)!r}")
         first, gen, prompt, buf = None, 0, 0, b""
         chunked = headers.get("transfer-encoding") == "chunked"
         while True:
             if chunked:
                 size = int((await reader.readline()).split(b";")[0].strip() or b"0", 16)
-                data = (await reader.readexactly(size + 2))[:-2] if size else b""
+                try:
+                    data = (await reader.readexactly(size + 2))[:-2] if size else b""
+                except asyncio.IncompleteReadError as err:
+                    raise ServerError(f"{url + path}: the answer ended mid-chunk") from err
             else:
                 data = await reader.read(1 << 16)
             if not data:
@@ -251,10 +262,14 @@ async def _users(url: str, requests: list, users: int, client: str = "openai") -
 
 
 def _client_process(url: str, requests: list, users: int, client: str, ready, start, out) -> None:
-    """One client process of http_load: its share of the users, started with the others."""
+    """One client process of http_load: its share of the users, started with the others. A
+    failure goes back as {"error": ...}, so that the parent raises it rather than waits."""
     ready.put(True)
     start.wait()
-    out.put(asyncio.run(_users(url, requests, users, client)))
+    try:
+        out.put(asyncio.run(_users(url, requests, users, client)))
+    except Exception as err:  # noqa: BLE001 - any failure ends this client's share of the load
+        out.put({"error": f"{type(err).__name__}: {err}"})
 
 
 def http_load(url: str, requests: list, users: int, procs: int, client: str = "openai",
@@ -292,6 +307,9 @@ def http_load(url: str, requests: list, users: int, procs: int, client: str = "o
             on_end()
             for w in workers:
                 w.join()
+            errors = [p["error"] for p in parts if "error" in p]
+            if errors:
+                raise ServerError(f"{len(errors)} of {procs} client processes failed: {errors[0]}")
     return dict(wall=max(p["end"] for p in parts) - t0, gen=sum(p["gen"] for p in parts),
                 prompt=sum(p["prompt"] for p in parts), ttfts=[x for p in parts for x in p["ttfts"]],
                 health=probe.latencies)
@@ -471,7 +489,7 @@ def main() -> int:
                                 r = asyncio.run(engine_load(e, reqs, users))
                             else:
                                 r = http_load(servers[who].url, reqs, users, procs, args.client)
-                        except openai.APIError as err:  # a setting the server fails with: reported, not fatal
+                        except (openai.APIError, ServerError) as err:  # a setting the server fails with: reported
                             failed[who] = f"{type(err).__name__}: {err}"
                             print(f"  {who}: failed: {failed[who]}", flush=True)
                             continue
