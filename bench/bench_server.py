@@ -549,7 +549,9 @@ def main() -> int:
              f"fastpar {fastpar.__version__}, {machine}; "
              f"{time.strftime('%Y-%m-%d')}. Load average before {load_before[0]:.1f}, after {load_after[0]:.1f} "
              f"(other processes shared the machine when it is above the core count).", "",
-             "Users send their next request when the last ends (async openai client, streamed, ignore_eos); "
+             "Users send their next request when the last ends ("
+             f"{'async openai client' if args.client == 'openai' else 'raw client: asyncio connections, JSON read only for the usage'}"
+             ", streamed, ignore_eos); "
              f"{f'{args.slots} slots (at least one per user)' if args.slots else 'slots = users'}. "
              "Median of the repetitions by generated tokens/s; TTFT = send to first text. "
              "x llama-server: against llama-server's best setting (marked *); paired: the median over "
