@@ -2,9 +2,10 @@
 """`fastpar serve` against llama-server, through the same client and load, and the Engine
 in-process on that load (what HTTP costs).
 
-N users, each with the async `openai` client, send their next request as soon as the last
-one ends (streamed, so that time to first token is measured; every request asks for its
-tokens with ignore_eos). The users are spread over several client processes when there are
+N users, each with the async `openai` client (`--client raw`: the same requests over asyncio's
+own connections, JSON read only for the usage, far lighter on the cores), send their next
+request as soon as the last one ends (streamed, so that time to first token is measured;
+every request asks for its tokens with ignore_eos). The users are spread over several client processes when there are
 many (--client-procs): one Python process parsing every stream would limit the load itself.
 Both servers run the same model with the same slots; llama-server (built from
 vendor/llama.cpp, bench/run.py build_baselines) is tried with each setting in
