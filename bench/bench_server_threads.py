@@ -9,7 +9,7 @@ machine; and the engine's thread's CPU, its time waiting on a run queue (CPU it 
 did not get) and its context switches (from /proc; Linux only), all from the load's start
 signal to its last answer.
 
-    python bench/bench_server_threads.py --gpu [--users 64,256] [--reps 2] [--stream-interval 1]
+    python bench/bench_server_threads.py --gpu [--users 64,256] [--reps 2] [--stream-interval 1] [--client raw]
     python bench/bench_server_threads.py          # the CPU: the tiny model of bench_wakeups.py
 
 The HTTP load comes from --client-procs processes of the async openai client (--client raw:
