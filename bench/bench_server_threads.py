@@ -71,19 +71,19 @@ def measure(engine: fastpar.Engine, loop_tid: int, load) -> dict:
     marks: dict = {}
 
     def snapshot(key: str) -> None:
-        marks[key] = (engine.stats(), bench_run.thread_cpu_s(os.getpid(), loop_tid), process_cpu_s(),
-                      machine_busy_s(), threads_sched(), time.monotonic())
+        marks[key] = (engine.stats(), process_cpu_s(), machine_busy_s(), threads_sched(), time.monotonic())
 
     r = load(lambda: snapshot("start"), lambda: snapshot("end"))
-    (s0, c0, p0, m0, th0, t0), (s1, c1, p1, m1, th1, t1) = marks["start"], marks["end"]
+    (s0, p0, m0, th0, t0), (s1, p1, m1, th1, t1) = marks["start"], marks["end"]
     wall = t1 - t0
     calls = s1.n_decode_calls - s0.n_decode_calls
     busy = s1.busy_s - s0.busy_s
     # The engine's thread: the busiest one besides the loop's (in-process it spins on the GPU).
     d = {tid: tuple(b - a for a, b in zip(th0[tid], th1[tid])) for tid in th1 if tid in th0 and tid != loop_tid}
     eng = max(d.values(), key=lambda v: v[0])
+    loop_cpu = th1[loop_tid][0] - th0[loop_tid][0]
     return dict(tok_s=r["gen"] / r["wall"], ttft=bs.percentile(r["ttfts"], 0.5), busy=busy / wall,
-                ms_call=busy / max(1, calls) * 1e3, loop=(c1 - c0) / wall, process=(p1 - p0) / wall,
+                ms_call=busy / max(1, calls) * 1e3, loop=loop_cpu / wall, process=(p1 - p0) / wall,
                 outside=(m1 - m0 - (p1 - p0)) / wall, machine=(m1 - m0) / wall,
                 eng_cpu=eng[0] / wall, eng_wait=eng[1] / wall, eng_vol=eng[2] / wall, eng_invol=eng[3] / wall)
 
