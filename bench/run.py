@@ -288,6 +288,14 @@ def _clients(n_clients, prompts, send):
     return time.perf_counter() - t0, totals
 
 
+def engine_steps(s0, s1, n_runs: int) -> dict:
+    """An Engine's decode calls a run and its time inside steps a call (EngineStats.busy_s),
+    between two stats() taken around n_runs runs: a gap to generate_parallel splits into more
+    calls and slower ones."""
+    calls = s1.n_decode_calls - s0.n_decode_calls
+    return dict(n_decode_calls=calls / n_runs, step_ms=(s1.busy_s - s0.busy_s) / max(1, calls) * 1e3)
+
+
 def stage3(models, w, sampler, threads, prompts):
     name, model_path, n_req, n_par, pl, gl, _ = w
     with fastpar.Engine(models[model_path], n_parallel=n_par, n_ctx_per_seq=pl + gl + 8, n_threads=threads) as e:
@@ -296,16 +304,17 @@ def stage3(models, w, sampler, threads, prompts):
             return c.n_prompt_tokens, c.n_gen_tokens
 
         # 8 client threads, or one per slot where there are more slots: fewer would leave slots idle.
-        c0 = e.stats().n_decode_calls
+        s0 = e.stats()
         walls, (_, (n_prompt, n_gen)) = timed(lambda: _clients(max(8, n_par), prompts, send))
-        calls = (e.stats().n_decode_calls - c0) / len(walls)
-    return counted(walls, dict(n_prompt_tokens=n_prompt, n_gen_tokens=n_gen, n_decode_calls=calls))
+        steps = engine_steps(s0, e.stats(), len(walls))
+    return counted(walls, dict(n_prompt_tokens=n_prompt, n_gen_tokens=n_gen, **steps))
 
 
 def stage9(models, w, sampler, threads, prompts):
-    """The Engine on generate_parallel's load: every prompt queued before the first step, so
-    that a slot is refilled the step it frees. Stage 3's clients send a prompt only when
-    their last is answered, which staggers the waves: more decode calls for the same tokens."""
+    """The Engine on generate_parallel's load: every prompt submitted at once (in a loop, so
+    the first step may start before the last is in), so that a slot is refilled the step it
+    frees. Stage 3's clients send a prompt only when their last is answered, which staggers
+    the waves: more decode calls for the same tokens."""
     name, model_path, n_req, n_par, pl, gl, _ = w
     with fastpar.Engine(models[model_path], n_parallel=n_par, n_ctx_per_seq=pl + gl + 8, n_threads=threads,
                         max_queued=len(prompts)) as e:
@@ -313,10 +322,10 @@ def stage9(models, w, sampler, threads, prompts):
             done = [r.result() for r in [e.submit(p, **request_params(gl, sampler)) for p in prompts]]
             return sum(c.n_prompt_tokens for c in done), sum(c.n_gen_tokens for c in done)
 
-        c0 = e.stats().n_decode_calls
+        s0 = e.stats()
         walls, (n_prompt, n_gen) = timed(run)
-        calls = (e.stats().n_decode_calls - c0) / len(walls)
-    return counted(walls, dict(n_prompt_tokens=n_prompt, n_gen_tokens=n_gen, n_decode_calls=calls))
+        steps = engine_steps(s0, e.stats(), len(walls))
+    return counted(walls, dict(n_prompt_tokens=n_prompt, n_gen_tokens=n_gen, **steps))
 
 
 def free_port() -> int:
@@ -707,7 +716,8 @@ def main() -> int:
                     per_stage.setdefault(str(st), {"runs": []})["runs"].append(r)
                     print(f"{key} rep {rep} stage {st}: {r['n_gen_tokens'] / r['wall_s']:.1f} gen tok/s, "
                           f"{(r['n_gen_tokens'] + r['n_prompt_tokens']) / r['wall_s']:.1f} tok/s"
-                          + (f", {r['n_decode_calls']:.0f} decode calls" if "n_decode_calls" in r else ""), flush=True)
+                          + (f", {r['n_decode_calls']:.0f} decode calls" if "n_decode_calls" in r else "")
+                          + (f", {r['step_ms']:.2f} ms a call inside steps" if "step_ms" in r else ""), flush=True)
             # After every repetition: a run stopped part-way (a time limit) keeps every whole
             # repetition it measured, and the table says how many a row has.
             for sampler in samplers:
