@@ -376,6 +376,58 @@ def test_where_a_step_costs_its_span_a_new_prompt_keeps_the_running_slots_togeth
     assert pos[0] >= 0 and pos[1] >= 0 and max(pos[2:]) == -1, pos
 
 
+def test_keeping_slots_together_never_copies_a_cached_conversation_to_host_memory(model):
+    """Under a GPU's step rules a running sequence moves down into an idle slot in a gap. If
+    that slot holds a cached sequence the cache would save (a conversation whose next turn
+    comes back to it), the slot is passed over: saving it and restoring it at the next turn
+    would copy its whole KV twice while the device waits. A cached sequence the cache would
+    not save (shorter than its minimum) still makes way. Every next turn then starts from its
+    own slot, as without the moves, with nothing copied to host memory."""
+    from fastpar import _core, _testing
+
+    rules = dict(kv_unified=False, memory_copies_by_position=True, share_prefixes=True, n_parallel=4)
+
+    def run(ctx, prompts, max_tokens, compact):
+        policy = _testing.resolve_step_policy(output_on_gpu=True, n_threads=ctx.n_threads, **rules)
+        policy.compact_slots = compact
+        params = []
+        for m in max_tokens:
+            p = _core.GenerateParams()
+            p.max_tokens, p.temperature, p.ignore_eos = m, 0.0, True
+            params.append(p)
+        out = _testing.generate_with_policy(ctx._ctx, prompts, params, policy)
+        assert all(c.finish_reason == "length" for c in out), [c.error for c in out]
+        return out
+
+    # Slot 1 ends first while slots 0, 2 and 3 still run: slot 3's sequence could move to 1.
+    lengths = [12, 3, 12, 12]
+    cached = {}
+    for compact in (True, False):
+        ctx = _ctx(model, n_parallel=4, n_ctx_per_seq=512)
+        convs = [f"User {u}: " + QUESTIONS[u] + " " + SYSTEM[:120] for u in range(4)]
+        got = []
+        for turn in range(3):
+            out = run(ctx, convs, lengths, compact)
+            got.append([c.n_prompt_tokens_cached for c in out])
+            convs = [p + c.text + f" And turn {turn}?" for p, c in zip(convs, out)]
+        s = ctx.prefix_cache_stats()
+        assert s.n_saved == 0 and s.n_restored == 0, s
+        # Each later turn from its own slot. On a GPU saving is selective: the first move,
+        # before any conversation came back, drops the one it displaces, so the second turn
+        # finds all but that one.
+        assert all(n > 0 for n in got[2]), got
+        assert sum(n > 0 for n in got[1]) >= (3 if ON_GPU else 4), got
+        cached[compact] = got
+    if not ON_GPU:  # the GPU's rules change no output on the CPU: the same prompts each turn
+        assert cached[True] == cached[False], cached
+
+    # Short cached sequences (under the cache's minimum) are dropped to make room, as before.
+    ctx = _ctx(model, n_parallel=4, n_ctx_per_seq=512)
+    run(ctx, ["Hi.", "Yo.", "Hey.", "Ok."], [12, 3, 12, 12], True)
+    pos = ctx.kv_seq_pos_max()
+    assert pos[3] == -1 and min(pos[:3]) >= 0, pos  # slot 3's sequence moved down into slot 1
+
+
 def test_scoring_with_the_cache_equals_without(model):
     on, off = _ctx(model), _ctx(model, prefix_cache_mib=0)
     pairs = [(SYSTEM + q, " We open at nine.") for q in QUESTIONS[:4]]

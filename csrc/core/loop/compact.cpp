@@ -6,7 +6,11 @@
 // down into the lowest idle slot above the lowest running one (a copy of its whole KV buffer,
 // made by llama.cpp before the next step) keeps them side by side, where a step costs what
 // its sequences need (docs/internals.md, "Slots kept together": nano-vllm's load 1.39x on
-// an H200). A cached sequence in such a slot moves aside first (vacate_held).
+// an H200). A cached sequence in such a slot moves aside first (vacate_held), unless letting
+// it go might copy it to host memory: then the slot is passed over. Such a sequence is
+// usually a conversation whose next turn comes back to it; saving it and restoring it then
+// copies its whole KV twice while the device waits (on a GPU ~115 KB a token for the speed
+// model), far more than a step one slot wider costs.
 #include <utility>
 
 #include "core/loop/prefix_cache.hpp"
@@ -31,6 +35,7 @@ void Scheduler::compact() {
         }
     }
     size_t hi = slots_.size();
+    bool none_empty = false;  // vacate_held found no empty idle slot, and no move emptied one since
     for (;;) {
         // The lowest idle slot above the lowest running one, and the highest running slot.
         while (lo < hi && slots_[lo]->active()) {
@@ -42,20 +47,25 @@ void Scheduler::compact() {
         if (hi <= lo) {
             return;
         }
-        if (cache_ != nullptr && !cache_->held(lo).empty()) {
-            vacate_held(lo);
+        if (cache_ != nullptr && !cache_->held(lo).empty() &&
+            ((none_empty && cache_->may_save(lo)) || !vacate_held(lo))) {
+            none_empty = true;
+            ++lo;  // its sequence stays; the next idle slot above may take the move
+            continue;
         }
         move_sequence(hi - 1, lo);
+        none_empty = false;  // the slot the sequence left is empty
         ++lo;
         --hi;
     }
 }
 
 // An idle slot in a gap holds a cached sequence: it moves to an empty idle slot (a copy on the
-// device, queued before the move into `seq`), or, with none empty, goes where a slot's
-// sequence goes when a prompt reuses the slot (host memory if worth saving). Then the slot
-// the running sequence leaves is empty: one pass, or a whole call, drops at most one.
-void Scheduler::vacate_held(size_t seq) {
+// device, queued before the move into `seq`), or, with none empty, is dropped while the cache
+// saves nothing. Then the slot the running sequence leaves is empty: one pass, or a whole
+// call, drops at most one. Returns false, changing nothing, where letting it go might copy it
+// to host memory (and back when its prompt returns): PrefixCache::may_save.
+bool Scheduler::vacate_held(size_t seq) {
     size_t to = slots_.size();
     for (size_t i = slots_.size(); i-- > 0;) {
         if (!slots_[i]->active() && cache_->held(i).empty() && llama_memory_seq_pos_max(mem_, slots_[i]->seq) < 0) {
@@ -67,10 +77,13 @@ void Scheduler::vacate_held(size_t seq) {
     if (to < slots_.size()) {
         llama_memory_seq_cp(mem_, src, static_cast<llama_seq_id>(to), -1, -1);
         cache_->move_held(seq, to);
+    } else if (cache_->may_save(seq)) {
+        return false;
     } else {
-        cache_->let_go(ctx_, seq);
+        cache_->let_go(ctx_, seq);  // dropped: may_save said it would not be saved
     }
     llama_memory_seq_rm(mem_, src, -1, -1);
+    return true;
 }
 
 void Scheduler::move_sequence(size_t from, size_t to) {

@@ -81,6 +81,11 @@ CacheMatch PrefixCache::longest_on_host(const std::vector<llama_token> & prompt,
     return best;
 }
 
+bool PrefixCache::may_save(size_t seq) const {
+    return budget_ > 0 && held_[seq].size() >= min_tokens_ &&
+           (!selective_ || reuse_ * (1.0 - kReuseWeight) >= kReuseFloor);
+}
+
 bool PrefixCache::worth_saving(size_t seq, size_t kept) {
     const std::vector<llama_token> & t = held_[seq];
     if (budget_ == 0 || t.size() < min_tokens_) {

@@ -74,6 +74,11 @@ public:
     // reused with its first `kept` tokens kept: it is long enough, enough of it is held
     // nowhere else, and (selective) recent prompts reused saved or unsaved sequences.
     bool worth_saving(size_t seq, size_t kept);
+    // Whether letting slot `seq`'s held sequence go might save it to host memory: it is long
+    // enough and the cache saves now (every candidate, or recent prompts reused saved or
+    // unsaved sequences). Cheap (compaction asks every step) and counts nothing; worth_saving
+    // may still say no (a sequence held elsewhere too).
+    bool may_save(size_t seq) const;
     // Selective: a prompt that got `got` tokens from the cache notes whether an unsaved
     // sequence would have given it more (evidence that saving pays). Before worth_saving.
     void note_prompt(const std::vector<llama_token> & prompt, size_t got);

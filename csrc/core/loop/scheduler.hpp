@@ -136,7 +136,7 @@ private:
     void preempt();
     // Keeping the running sequences in the first slots (compact.cpp, StepPolicy::compact_slots).
     void compact();
-    void vacate_held(size_t seq);
+    bool vacate_held(size_t seq);
     void move_sequence(size_t from, size_t to);
     void suspend(Slot & slot);
     void resume(Request request);
