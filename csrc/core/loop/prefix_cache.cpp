@@ -81,16 +81,20 @@ CacheMatch PrefixCache::longest_on_host(const std::vector<llama_token> & prompt,
     return best;
 }
 
-bool PrefixCache::may_save(size_t seq) const {
-    return budget_ > 0 && held_[seq].size() >= min_tokens_ &&
-           (!selective_ || reuse_ * (1.0 - kReuseWeight) >= kReuseFloor);
+bool PrefixCache::long_enough(size_t seq) const { return budget_ > 0 && held_[seq].size() >= min_tokens_; }
+
+bool PrefixCache::saving_now() const {
+    // The mean as worth_saving leaves it, decayed by this candidate.
+    return !selective_ || reuse_ * (1.0 - kReuseWeight) >= kReuseFloor;
 }
 
+bool PrefixCache::may_save(size_t seq) const { return long_enough(seq) && saving_now(); }
+
 bool PrefixCache::worth_saving(size_t seq, size_t kept) {
-    const std::vector<llama_token> & t = held_[seq];
-    if (budget_ == 0 || t.size() < min_tokens_) {
+    if (!long_enough(seq)) {
         return false;
     }
+    const std::vector<llama_token> & t = held_[seq];
     // A sequence most of which another slot or entry holds too (the same few-shot prefix
     // with another short question) would spend the budget on copies of one prefix.
     size_t covered = kept;
@@ -109,8 +113,9 @@ bool PrefixCache::worth_saving(size_t seq, size_t kept) {
     if (!selective_) {
         return true;
     }
+    const bool saving = saving_now();
     reuse_ *= 1.0 - kReuseWeight;
-    if (reuse_ >= kReuseFloor) {
+    if (saving) {
         return true;
     }
     unsaved_.push_back(t);

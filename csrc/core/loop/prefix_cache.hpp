@@ -118,6 +118,11 @@ private:
         uint64_t last_used = 0;
     };
     void evict_to(int64_t bytes_free);
+    // may_save's and worth_saving's shared rules, so the two cannot drift apart: a sequence
+    // long enough to keep (and a budget), and the saving mode (every candidate, or while the
+    // reuse mean, decayed by one more candidate, stays at least kReuseFloor).
+    bool long_enough(size_t seq) const;
+    bool saving_now() const;
     void remove_files() const;  // the folder's files of this identity
     void drop_host(size_t i);
     void update_counts();
