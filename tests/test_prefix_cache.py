@@ -328,6 +328,22 @@ def test_saving_is_selective_where_a_save_stalls_the_device(model):
     assert on.prefix_cache_stats().n_not_saved == 7
 
 
+def _generate_with_policy(ctx, prompts, max_tokens, policy):
+    """Greedy outputs of max_tokens[i] tokens each (ignore_eos) under another step policy than
+    the context's; each must run to its budget, so the steps are shaped as the test planned."""
+    from fastpar import _core, _testing
+
+    params = []
+    for m in max_tokens:
+        p = _core.GenerateParams()
+        p.max_tokens, p.temperature, p.ignore_eos = m, 0.0, True
+        params.append(p)
+    out = _testing.generate_with_policy(ctx._ctx, prompts, params, policy)
+    for c in out:
+        assert c.finish_reason == "length", c.error
+    return out
+
+
 def test_where_a_step_costs_its_span_a_new_prompt_keeps_the_running_slots_together(model):
     """Under a GPU's step rules, where a step costs the span of slots it covers, a prompt
     with nothing cached takes the idle slot that widens the running slots' span least; a
@@ -335,7 +351,7 @@ def test_where_a_step_costs_its_span_a_new_prompt_keeps_the_running_slots_togeth
     longest but scatters the running ones (on a GPU, a server with more slots than requests
     would step over all of them). With nothing running, both take the empty or least
     recently used slot: one prompt at a time keeps each conversation in a slot of its own."""
-    from fastpar import _core, _testing
+    from fastpar import _testing
 
     ctx = _ctx(model, n_parallel=8, n_ctx_per_seq=256)
     rules = dict(kv_unified=False, memory_copies_by_position=True, share_prefixes=True, n_parallel=8,
@@ -345,13 +361,7 @@ def test_where_a_step_costs_its_span_a_new_prompt_keeps_the_running_slots_togeth
     assert gpu.compact_slots and not cpu.compact_slots
 
     def run(prompts, max_tokens, policy):
-        params = []
-        for m in max_tokens:
-            p = _core.GenerateParams()
-            p.max_tokens, p.temperature, p.ignore_eos = m, 0.0, True
-            params.append(p)
-        for c in _testing.generate_with_policy(ctx._ctx, prompts, params, policy):
-            assert c.finish_reason == "length", c.error
+        _generate_with_policy(ctx, prompts, max_tokens, policy)
 
     def holding_notes():
         pos = ctx.kv_seq_pos_max()
@@ -383,21 +393,14 @@ def test_keeping_slots_together_never_copies_a_cached_conversation_to_host_memor
     would copy its whole KV twice while the device waits. A cached sequence the cache would
     not save (shorter than its minimum) still makes way. Every next turn then starts from its
     own slot, as without the moves, with nothing copied to host memory."""
-    from fastpar import _core, _testing
+    from fastpar import _testing
 
     rules = dict(kv_unified=False, memory_copies_by_position=True, share_prefixes=True, n_parallel=4)
 
     def run(ctx, prompts, max_tokens, compact):
         policy = _testing.resolve_step_policy(output_on_gpu=True, n_threads=ctx.n_threads, **rules)
         policy.compact_slots = compact
-        params = []
-        for m in max_tokens:
-            p = _core.GenerateParams()
-            p.max_tokens, p.temperature, p.ignore_eos = m, 0.0, True
-            params.append(p)
-        out = _testing.generate_with_policy(ctx._ctx, prompts, params, policy)
-        assert all(c.finish_reason == "length" for c in out), [c.error for c in out]
-        return out
+        return _generate_with_policy(ctx, prompts, max_tokens, policy)
 
     # Slot 1 ends first while slots 0, 2 and 3 still run: slot 3's sequence could move to 1.
     lengths = [12, 3, 12, 12]
