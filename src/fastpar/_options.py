@@ -379,8 +379,12 @@ _CHECKS = {bool: _bool, int: _int, float: _float}
 
 def _to_core(sp: SamplingParams) -> _core.GenerateParams:
     params = _core.GenerateParams()
-    for field in dataclasses.fields(SamplingParams):  # in order: the first bad option is named
-        name, value = field.name, getattr(sp, field.name)
+    for name, default in _FIELD_DEFAULTS:  # in order: the first bad option is named
+        value = getattr(sp, name)
+        if value is default:
+            # The core's struct holds that default already, of the checked type: an engine's
+            # submit makes one of these a prompt, and most options keep their defaults.
+            continue
         if name == "seed":
             if value is not None:
                 seed = _int("seed", value)
@@ -407,6 +411,10 @@ def _to_core(sp: SamplingParams) -> _core.GenerateParams:
             _set(params, name, _CHECKS[type(getattr(_GENERATE_DEFAULTS, name))](name, value))
     params.validate()  # ranges, from the core: ValueError naming the option
     return params
+
+
+#: (name, default) of SamplingParams' fields, in their order.
+_FIELD_DEFAULTS = tuple((field.name, field.default) for field in dataclasses.fields(SamplingParams))
 
 
 #: The generation options every entry point takes as keywords: SamplingParams' fields, with
