@@ -391,8 +391,12 @@ def test_keeping_slots_together_never_copies_a_cached_conversation_to_host_memor
     that slot holds a cached sequence the cache would save (a conversation whose next turn
     comes back to it), the slot is passed over: saving it and restoring it at the next turn
     would copy its whole KV twice while the device waits. A cached sequence the cache would
-    not save (shorter than its minimum) still makes way. Every next turn then starts from its
-    own slot, as without the moves, with nothing copied to host memory."""
+    not save (shorter than its minimum) still makes way. Nor does a prompt with nothing cached
+    take such a slot where an empty one is free, even a farther one: with selective saving
+    (the GPU's), the prompt whose dropped sequence shows that saving pays would otherwise
+    take the slot of the conversation admitted right after it, saving it to host memory for
+    that one to restore. Every next turn then starts from its own slot, as without the
+    moves, with nothing copied to host memory."""
     from fastpar import _testing
 
     rules = dict(kv_unified=False, memory_copies_by_position=True, share_prefixes=True, n_parallel=4)
@@ -405,24 +409,26 @@ def test_keeping_slots_together_never_copies_a_cached_conversation_to_host_memor
     # Slot 1 ends first while slots 0, 2 and 3 still run: slot 3's sequence could move to 1.
     lengths = [12, 3, 12, 12]
     cached = {}
-    for compact in (True, False):
-        ctx = _ctx(model, n_parallel=4, n_ctx_per_seq=512)
-        convs = [f"User {u}: " + QUESTIONS[u] + " " + SYSTEM[:120] for u in range(4)]
-        got = []
-        for turn in range(3):
-            out = run(ctx, convs, lengths, compact)
-            got.append([c.n_prompt_tokens_cached for c in out])
-            convs = [p + c.text + f" And turn {turn}?" for p, c in zip(convs, out)]
-        s = ctx.prefix_cache_stats()
-        assert s.n_saved == 0 and s.n_restored == 0, s
-        # Each later turn from its own slot. On a GPU saving is selective: the first move,
-        # before any conversation came back, drops the one it displaces, so the second turn
-        # finds all but that one.
-        assert all(n > 0 for n in got[2]), got
-        assert sum(n > 0 for n in got[1]) >= (3 if ON_GPU else 4), got
-        cached[compact] = got
-    if not ON_GPU:  # the GPU's rules change no output on the CPU: the same prompts each turn
-        assert cached[True] == cached[False], cached
+    for selective in (True,) if ON_GPU else (False, True):
+        for compact in (True, False):
+            ctx = _ctx(model, n_parallel=4, n_ctx_per_seq=512)
+            _testing.set_cache_selective(ctx._ctx, selective)
+            convs = [f"User {u}: " + QUESTIONS[u] + " " + SYSTEM[:120] for u in range(4)]
+            got = []
+            for turn in range(3):
+                out = run(ctx, convs, lengths, compact)
+                got.append([c.n_prompt_tokens_cached for c in out])
+                convs = [p + c.text + f" And turn {turn}?" for p, c in zip(convs, out)]
+            s = ctx.prefix_cache_stats()
+            assert s.n_saved == 0 and s.n_restored == 0, (selective, compact, s)
+            # Each later turn from its own slot. Selective, the first move, before any
+            # conversation came back, drops the one it displaces, so the second turn finds
+            # all but that one.
+            assert all(n > 0 for n in got[2]), got
+            assert sum(n > 0 for n in got[1]) >= (3 if selective else 4), got
+            cached[selective, compact] = got
+        if not ON_GPU and not selective:  # the GPU's rules change no output on the CPU: the
+            assert cached[selective, True] == cached[selective, False], cached  # same prompts each turn
 
     # Short cached sequences (under the cache's minimum) are dropped to make room, as before.
     ctx = _ctx(model, n_parallel=4, n_ctx_per_seq=512)

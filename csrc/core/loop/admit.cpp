@@ -159,7 +159,7 @@ void Scheduler::admit() {
                 complete_unstarted(request, FinishReason::Error, why);
                 continue;
             }
-            Slot & slot = pick_slot(t.tokens);
+            Slot & slot = pick_slot(t.tokens, false);
             start_slot(slot, std::move(request), std::move(t.tokens));
             slot.order = n_admitted_++;
             continue;
@@ -183,7 +183,7 @@ void Scheduler::admit() {
                 continue;
             }
         }
-        Slot & slot = pick_slot(t.tokens);
+        Slot & slot = pick_slot(t.tokens, !params.prompt_logprobs);
         choose_sampler(slot, params, request.seed);
         slot.grammar = std::move(grammar);
         slot.thought_open = t.thought_open;
@@ -199,8 +199,19 @@ void Scheduler::admit() {
 // sequences are kept longest). Where a step costs the span of slots it covers (a GPU's
 // compact_slots), a slot that widens the running slots' span least comes before those two:
 // the least recently used idle slots of a server with more slots than requests are spread
-// over all the slots, and steps over them would cost as if every slot ran.
-Slot & Scheduler::pick_slot(const std::vector<llama_token> & tokens) {
+// over all the slots, and steps over them would cost as if every slot ran. But a slot whose
+// cached sequence the cache would save to host memory (may_save) comes after every slot
+// that costs no such copy, however it widens the span: its conversation's next turn, often
+// the very next prompt admitted, would restore it, two copies of its whole KV while the
+// device waits, where a wider span costs ~0.07 ms a step (compaction's rule, compact.cpp).
+// A prompt that may reuse the cache (`reuses`: not scored) is noted first (note_prompt), so
+// that may_save already counts it: a prompt finding that a dropped sequence would have
+// served it turns selective saving on, and the slot it takes must not be the one whose
+// sequence that makes worth saving.
+Slot & Scheduler::pick_slot(const std::vector<llama_token> & tokens, bool reuses) {
+    if (cache_ != nullptr && reuses && tokens.size() > 1) {
+        cache_->note_prompt(tokens, cached_for(tokens, tokens.size() - 1));
+    }
     size_t lo = slots_.size(), hi = 0;  // the running slots' span (lo > hi: none, or not counted)
     if (policy_.compact_slots) {
         for (const auto & sp : slots_) {
@@ -212,6 +223,7 @@ Slot & Scheduler::pick_slot(const std::vector<llama_token> & tokens) {
     }
     Slot * best = nullptr;
     size_t best_n = 0, best_widens = 0;
+    bool best_saves = false;
     uint64_t best_since = 0;
     for (auto & sp : slots_) {
         if (sp->active()) {
@@ -219,22 +231,43 @@ Slot & Scheduler::pick_slot(const std::vector<llama_token> & tokens) {
         }
         const auto seq = static_cast<size_t>(sp->seq);
         size_t n = 0;
+        bool saves = false;
         uint64_t since = 0;
         if (cache_ != nullptr) {
-            n = common_prefix(cache_->held(seq), tokens);
+            const std::vector<llama_token> & held = cache_->held(seq);
+            n = common_prefix(held, tokens);
             n = n >= cache_->min_tokens() ? n : 0;
+            saves = n < held.size() && cache_->may_save(seq);
             since = cache_->held_since(seq);
         }
         const size_t widens = lo > hi ? 0 : seq > hi ? seq - hi : lo > seq ? lo - seq : 0;
         if (best == nullptr || n > best_n ||
-            (n == best_n && (widens < best_widens || (widens == best_widens && since < best_since)))) {
+            (n == best_n && (saves < best_saves ||
+                             (saves == best_saves && (widens < best_widens ||
+                                                      (widens == best_widens && since < best_since)))))) {
             best = sp.get();
             best_n = n;
+            best_saves = saves;
             best_widens = widens;
             best_since = since;
         }
     }
     return *best;  // admit() calls it only while a slot is free
+}
+
+// The tokens `prompt` will start from the cache, up to `limit`: the longest prefix an idle
+// slot holds (at least the cache's minimum; pick_slot takes that slot), or host memory's
+// where that is longer by the minimum, as reuse_cached decides.
+size_t Scheduler::cached_for(const std::vector<llama_token> & prompt, size_t limit) const {
+    size_t n = 0;
+    for (const auto & sp : slots_) {
+        if (!sp->active()) {
+            n = std::max(n, std::min(common_prefix(cache_->held(static_cast<size_t>(sp->seq)), prompt), limit));
+        }
+    }
+    n = n >= cache_->min_tokens() ? n : 0;
+    const CacheMatch host = cache_->longest_on_host(prompt, limit);
+    return host.host >= 0 && host.n >= n + cache_->min_tokens() ? host.n : n;
 }
 
 // Starts `slot`'s prompt from the longest prefix cached in the slot or in host memory, and
@@ -257,9 +290,6 @@ void Scheduler::reuse_cached(Slot & slot) {
     n = n >= cache_->min_tokens() ? n : 0;
     const CacheMatch host = cache_->longest_on_host(slot.prompt, limit);
     const bool from_host = host.host >= 0 && host.n >= n + cache_->min_tokens();
-    if (limit > 0) {
-        cache_->note_prompt(slot.prompt, from_host ? host.n : n);
-    }
     if (n < held.size() && cache_->worth_saving(seq, from_host ? 0 : n)) {
         cache_->save(ctx_, seq);  // what this slot held beyond n stays cached in host memory
     }

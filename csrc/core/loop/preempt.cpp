@@ -84,7 +84,7 @@ void Scheduler::requeue_first(Request request) {
 
 void Scheduler::resume(Request request) {
     const std::shared_ptr<Suspended> was = std::move(request.suspended);
-    Slot & s = pick_slot(was->tokens);
+    Slot & s = pick_slot(was->tokens, true);
     s.sampler = std::move(was->sampler);
     s.shape = was->shape;
     s.on_device = device_ != nullptr && device_->attach(ctx_, s.seq, DeviceSampling::serves(s.shape));
