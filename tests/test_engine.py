@@ -159,6 +159,26 @@ def test_a_burst_takes_the_free_slots_before_the_queue(model):
         assert e.generate("x", max_tokens=1).n_gen_tokens == 1  # room again
 
 
+def test_a_burst_submitted_to_an_idle_engine_starts_in_one_step(model):
+    """Prompts submitted in a loop to an idle engine start together, as generate_parallel's
+    do: the worker waits for the submissions to pause before its first step. Started on the
+    first prompt, the others ran a step or more behind it, in more decode calls for the same
+    tokens (on an H100 at 32 slots, 52 against generate_parallel's 50). A loaded machine may
+    stall the submitting thread past the wait, so one burst of three must go in whole."""
+    prompts = [f"Item {k}: a list of" for k in range(8)]
+    options = dict(max_tokens=6, ignore_eos=True, **GREEDY)
+    ctx = fastpar.Context(model, n_parallel=8, n_ctx_per_seq=64)
+    fastpar.generate_parallel(ctx, prompts, **options)
+    want = ctx.last_stats.n_decode_calls
+    got = []
+    with fastpar.Engine(model, n_parallel=8, n_ctx_per_seq=64) as e:
+        for _ in range(3):
+            s0 = e.stats()
+            assert all(r.result(timeout=120).n_gen_tokens == 6 for r in [e.submit(p, **options) for p in prompts])
+            got.append(e.stats().n_decode_calls - s0.n_decode_calls)
+    assert want in got, (want, got)
+
+
 def test_a_lower_priority_value_takes_the_next_free_slot(model):
     # One slot, held by a long request; 64 requests wait, then one with priority -1 comes:
     # it takes the slot at once (the long request is suspended, and goes on after it),
@@ -166,6 +186,9 @@ def test_a_lower_priority_value_takes_the_next_free_slot(model):
     # first served among equals).
     with fastpar.Engine(model, n_parallel=1, n_ctx_per_seq=256) as e:
         blocker = e.submit("Once upon a time", max_tokens=24, ignore_eos=True, **GREEDY)
+        deadline = time.monotonic() + 60
+        while e.stats().n_active == 0 and time.monotonic() < deadline:  # in its slot, not in a burst with the rest
+            time.sleep(0.001)
         waiting, submitted = [], []
         for i in range(64):
             submitted.append(time.monotonic())

@@ -7,6 +7,15 @@
 namespace fastpar {
 namespace {
 
+// A burst of submissions (a loop over a list of prompts) arrives microseconds apart. An idle
+// engine that started a step on the first would run the rest a step or more behind it: more
+// decode calls, and steps of shapes the first wave's do not have, each building its graph
+// anew, where generate_parallel starts them together. So an engine with nothing to run waits
+// before its first step until the submissions pause for kBurstQuiet, at most kBurstMax; a
+// lone request waits kBurstQuiet, a fraction of a percent of a first token's time.
+constexpr auto kBurstQuiet = std::chrono::microseconds(200);
+constexpr auto kBurstMax = std::chrono::milliseconds(5);
+
 template <typename Lock, typename Pred>
 bool wait_for(std::condition_variable & cv, Lock & lock, double timeout_s, Pred pred) {
     // Negative, infinite or absurdly long (past what a clock's time point can hold): for ever.
@@ -342,6 +351,17 @@ void Engine::loop(Scheduler & scheduler) {
         {
             std::unique_lock<std::mutex> lock(mutex_);
             cv_.wait(lock, [&] { return closing_ || !incoming_.empty() || !tasks_.empty() || !scheduler.idle(); });
+            if (scheduler.idle() && !incoming_.empty()) {
+                const auto until = Clock::now() + kBurstMax;
+                for (size_t seen = incoming_.size(); Clock::now() < until; seen = incoming_.size()) {
+                    if (!cv_.wait_for(lock, kBurstQuiet, [&] { return closing_ || incoming_.size() != seen; })) {
+                        break;  // quiet: the burst is in
+                    }
+                    if (closing_) {
+                        break;
+                    }
+                }
+            }
             if (closing_) {
                 return;  // with_scheduler cancels what is left
             }
