@@ -427,8 +427,9 @@ def test_keeping_slots_together_never_copies_a_cached_conversation_to_host_memor
             assert all(n > 0 for n in got[2]), got
             assert sum(n > 0 for n in got[1]) >= (3 if selective else 4), got
             cached[selective, compact] = got
-        if not ON_GPU and not selective:  # the GPU's rules change no output on the CPU: the
-            assert cached[selective, True] == cached[selective, False], cached  # same prompts each turn
+        if not ON_GPU and not selective:
+            # The GPU's rules change no output on the CPU: the same prompts each turn.
+            assert cached[selective, True] == cached[selective, False], cached
 
     # Short cached sequences (under the cache's minimum) are dropped to make room, as before.
     ctx = _ctx(model, n_parallel=4, n_ctx_per_seq=512)

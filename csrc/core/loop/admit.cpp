@@ -209,8 +209,19 @@ void Scheduler::admit() {
 // served it turns selective saving on, and the slot it takes must not be the one whose
 // sequence that makes worth saving.
 Slot & Scheduler::pick_slot(const std::vector<llama_token> & tokens, bool reuses) {
-    if (cache_ != nullptr && reuses && tokens.size() > 1) {
-        cache_->note_prompt(tokens, cached_for(tokens, tokens.size() - 1));
+    std::vector<size_t> held_n(slots_.size(), 0);  // how much of the prompt each idle slot holds
+    if (cache_ != nullptr) {
+        size_t longest = 0;
+        for (const auto & sp : slots_) {
+            if (!sp->active()) {
+                const auto seq = static_cast<size_t>(sp->seq);
+                held_n[seq] = common_prefix(cache_->held(seq), tokens);
+                longest = std::max(longest, held_n[seq]);
+            }
+        }
+        if (reuses && tokens.size() > 1) {
+            cache_->note_prompt(tokens, cached_for(tokens, longest));
+        }
     }
     size_t lo = slots_.size(), hi = 0;  // the running slots' span (lo > hi: none, or not counted)
     if (policy_.compact_slots) {
@@ -234,10 +245,8 @@ Slot & Scheduler::pick_slot(const std::vector<llama_token> & tokens, bool reuses
         bool saves = false;
         uint64_t since = 0;
         if (cache_ != nullptr) {
-            const std::vector<llama_token> & held = cache_->held(seq);
-            n = common_prefix(held, tokens);
-            n = n >= cache_->min_tokens() ? n : 0;
-            saves = n < held.size() && cache_->may_save(seq);
+            n = cache_->reusable(held_n[seq]);
+            saves = n < cache_->held(seq).size() && cache_->may_save(seq);
             since = cache_->held_since(seq);
         }
         const size_t widens = lo > hi ? 0 : seq > hi ? seq - hi : lo > seq ? lo - seq : 0;
@@ -255,19 +264,13 @@ Slot & Scheduler::pick_slot(const std::vector<llama_token> & tokens, bool reuses
     return *best;  // admit() calls it only while a slot is free
 }
 
-// The tokens `prompt` will start from the cache, up to `limit`: the longest prefix an idle
-// slot holds (at least the cache's minimum; pick_slot takes that slot), or host memory's
-// where that is longer by the minimum, as reuse_cached decides.
-size_t Scheduler::cached_for(const std::vector<llama_token> & prompt, size_t limit) const {
-    size_t n = 0;
-    for (const auto & sp : slots_) {
-        if (!sp->active()) {
-            n = std::max(n, std::min(common_prefix(cache_->held(static_cast<size_t>(sp->seq)), prompt), limit));
-        }
-    }
-    n = n >= cache_->min_tokens() ? n : 0;
+// The tokens `prompt` (not scored) will start from the cache, given the most of it an idle
+// slot holds (`longest`; pick_slot takes that slot): as reuse_cached decides.
+size_t Scheduler::cached_for(const std::vector<llama_token> & prompt, size_t longest) const {
+    const size_t limit = prompt.size() - 1;
+    const size_t n = cache_->reusable(std::min(longest, limit));
     const CacheMatch host = cache_->longest_on_host(prompt, limit);
-    return host.host >= 0 && host.n >= n + cache_->min_tokens() ? host.n : n;
+    return cache_->host_beats(host, n) ? host.n : n;
 }
 
 // Starts `slot`'s prompt from the longest prefix cached in the slot or in host memory, and
@@ -286,10 +289,9 @@ void Scheduler::reuse_cached(Slot & slot) {
     }
     const size_t limit = slot.scoring.on() ? 0 : slot.prompt.size() - 1;
     const std::vector<llama_token> & held = cache_->held(seq);
-    size_t n = std::min(common_prefix(held, slot.prompt), limit);
-    n = n >= cache_->min_tokens() ? n : 0;
+    size_t n = cache_->reusable(std::min(common_prefix(held, slot.prompt), limit));
     const CacheMatch host = cache_->longest_on_host(slot.prompt, limit);
-    const bool from_host = host.host >= 0 && host.n >= n + cache_->min_tokens();
+    const bool from_host = cache_->host_beats(host, n);
     if (n < held.size() && cache_->worth_saving(seq, from_host ? 0 : n)) {
         cache_->save(ctx_, seq);  // what this slot held beyond n stays cached in host memory
     }

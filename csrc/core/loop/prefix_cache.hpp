@@ -53,7 +53,12 @@ public:
     // only while later prompts reuse what was saved, or would have (worth_saving).
     PrefixCache(size_t n_slots, int64_t budget_bytes, size_t min_tokens, bool selective);
 
-    size_t min_tokens() const { return min_tokens_; }
+    // Tokens a prompt may take from a match of `n`: a prefix shorter than min_tokens is
+    // decoded again (0).
+    size_t reusable(size_t n) const { return n >= min_tokens_ ? n : 0; }
+    // Whether a prompt starts from host memory's match `host` rather than the `n` reusable
+    // tokens its slot holds: there is one, longer by at least min_tokens.
+    bool host_beats(const CacheMatch & host, size_t n) const { return host.host >= 0 && host.n >= n + min_tokens_; }
     // Whether saving is selective (the constructor's `selective`; tests set it on a CPU).
     void set_selective(bool on) { selective_ = on; }
     // The tokens slot `seq`'s KV holds while it is idle (empty: none).

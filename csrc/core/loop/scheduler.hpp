@@ -142,7 +142,7 @@ private:
     void resume(Request request);
     void requeue_first(Request request);
     Slot & pick_slot(const std::vector<llama_token> & tokens, bool reuses);
-    size_t cached_for(const std::vector<llama_token> & prompt, size_t limit) const;
+    size_t cached_for(const std::vector<llama_token> & prompt, size_t longest) const;
     void reuse_cached(Slot & slot);
     bool drop_idle_holds();
     void pair_for_sharing(Slot & slot);
