@@ -1,0 +1,47 @@
+"""The vendored llama.cpp is the pinned source with exactly the patches in scripts/llama-patches/.
+
+A patch is allowed only with its reason, its measurement and the tests that cover it (the
+header above its diff), and a tree filled before a patch was added must not pass for one with it.
+"""
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+import shutil
+import subprocess
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def vendor_script():
+    spec = importlib.util.spec_from_file_location("_vendor_llama", ROOT / "scripts" / "vendor_llama.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # constants and functions only; main() is not run
+    return module
+
+
+def test_the_vendored_tree_holds_the_pin_and_every_patch():
+    script = vendor_script()
+    marker = (ROOT / "vendor" / "llama.cpp" / "FASTPAR_VENDORED").read_text()
+    assert marker == script.MARKER_TEXT, "vendor/llama.cpp is stale: run scripts/vendor_llama.py"
+    for patch in script.PATCHES:
+        assert f"patch {patch.name} sha256 " in marker
+
+
+@pytest.mark.parametrize("patch", vendor_script().PATCHES, ids=lambda p: p.name)
+def test_each_patch_says_why_what_it_measured_and_its_tests(patch):
+    header = patch.read_text().split("\n--- a/", 1)[0]
+    for part in ("Why:", "Measured", "Outputs:", "Tests:"):
+        assert part in header, (patch.name, part)
+
+
+@pytest.mark.parametrize("patch", vendor_script().PATCHES, ids=lambda p: p.name)
+def test_each_patch_is_applied_in_the_vendored_tree(patch):
+    if not shutil.which("patch"):
+        pytest.skip("no `patch` on PATH to check the tree with")
+    # Reversing it cleanly (without writing) means every hunk is there as the patch left it.
+    proc = subprocess.run(["patch", "-p1", "-R", "--dry-run", "-s", "-f", "-d", str(ROOT / "vendor" / "llama.cpp"),
+                           "-i", str(patch)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
