@@ -32,7 +32,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 # What an sdist must carry to build fastpar without fetching anything.
 SDIST_NEEDS = ("pyproject.toml", "LICENSE", "CMakeLists.txt", "build_backend/backend.py", "scripts/vendor_llama.py",
-               "scripts/llama-patches/0001-kv-cache-prepare.patch",
+               *(f"scripts/llama-patches/{p.name}" for p in sorted((ROOT / "scripts" / "llama-patches").glob("*.patch"))),
                "csrc/capi/fastpar.h", "vendor/llama.cpp/CMakeLists.txt", "vendor/llama.cpp/include/llama.h",
                "vendor/llama.cpp/FASTPAR_VENDORED", "vendor/llama.cpp/ggml/src/ggml.c")
 

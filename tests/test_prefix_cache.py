@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import gc
 import pathlib
+import re
 import resource
 import threading
 
@@ -512,6 +513,12 @@ def test_a_folder_keeps_the_cache_across_restarts_and_refuses_other_files(model,
     assert ours
     data = ours[0].read_bytes()
     assert b"llama.cpp " in data
+    # The build it names includes each llama.cpp patch (one may change what a GPU computes).
+    marker = (pathlib.Path(__file__).resolve().parent.parent / "vendor" / "llama.cpp" / "FASTPAR_VENDORED").read_text()
+    patches = re.findall(r"^patch (\d+)\S* sha256 (\w{8})", marker, re.M)
+    assert patches, marker
+    for name, digest in patches:
+        assert f" +{name}:{digest}".encode() in data, (name, digest)
     (folder / "elsewhere.fpcache").write_bytes(data.replace(b"llama.cpp ", b"llama.cpX ", 1))
     (folder / "damaged.fpcache").write_bytes(data[: len(data) // 2])
     mixed = _ctx(model, prefix_cache_dir=folder, **kw)
