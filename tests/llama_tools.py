@@ -13,6 +13,8 @@ FASTPAR_LLAMA_TOOLS names a folder that already holds the tools (a build elsewhe
 from __future__ import annotations
 
 import contextlib
+import functools
+import importlib.util
 import os
 import pathlib
 import shutil
@@ -23,6 +25,15 @@ from typing import Iterator
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 BASELINES = ROOT / "build" / "baselines"
+
+
+@functools.cache
+def vendor_script():
+    """scripts/vendor_llama.py as a module: the pin, MARKER_TEXT and PATCHES (main() is not run)."""
+    spec = importlib.util.spec_from_file_location("_vendor_llama", ROOT / "scripts" / "vendor_llama.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def llama_tool(name: str) -> str:

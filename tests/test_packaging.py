@@ -25,6 +25,7 @@ import pytest
 
 import fastpar
 from example_runs import PROMPTS, c_example_tokens, python_greedy, run
+from llama_tools import vendor_script
 
 pytestmark = pytest.mark.packaging
 
@@ -32,7 +33,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 # What an sdist must carry to build fastpar without fetching anything.
 SDIST_NEEDS = ("pyproject.toml", "LICENSE", "CMakeLists.txt", "build_backend/backend.py", "scripts/vendor_llama.py",
-               *(f"scripts/llama-patches/{p.name}" for p in sorted((ROOT / "scripts" / "llama-patches").glob("*.patch"))),
+               *(f"scripts/llama-patches/{p.name}" for p in vendor_script().PATCHES),
                "csrc/capi/fastpar.h", "vendor/llama.cpp/CMakeLists.txt", "vendor/llama.cpp/include/llama.h",
                "vendor/llama.cpp/FASTPAR_VENDORED", "vendor/llama.cpp/ggml/src/ggml.c")
 

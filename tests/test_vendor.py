@@ -5,19 +5,16 @@ header above its diff), and a tree filled before a patch was added must not pass
 """
 from __future__ import annotations
 
-import importlib.util
 import pathlib
 import shutil
 import subprocess
 
 import pytest
+from llama_tools import vendor_script
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
-
-_spec = importlib.util.spec_from_file_location("_vendor_llama", ROOT / "scripts" / "vendor_llama.py")
-SCRIPT = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(SCRIPT)  # constants and functions only; main() is not run
+SCRIPT = vendor_script()
 
 
 def test_the_vendored_tree_holds_the_pin_and_every_patch():
