@@ -46,6 +46,9 @@ def main() -> int:
     ap.add_argument("--slots", type=int, default=256)
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--n-gpu-layers", type=int, default=-1, help="0 runs the GPU's rules on the CPU (a check)")
+    ap.add_argument("--loads", default=None,
+                    help="only the loads whose names contain one of these comma-separated words, "
+                         "besides the lockstep load and the own lengths under the context's rules")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
 
@@ -73,12 +76,17 @@ def main() -> int:
         ("own lengths", ctx, each, policy()),
         ("own lengths, no padding", ctx, each, policy(max_padded_gap=0)),
         ("own lengths, slots not kept together", ctx, each, policy(compact_slots=False)),
+        ("own lengths, refills at once (no waves)", ctx, each, policy(refill_wave=0)),
         ("own lengths, every gap padded", ctx, each, policy(max_padded_gap=1 << 30)),
         ("own lengths, no last-token rule", ctx, each, policy(last_prompt_token_alone=False)),
         ("own lengths, no prompts-first steps", ctx, each, policy(prompts_first=False)),
         ("kv_unified: lockstep, the mean length", unified, [params(mean)], policy(kv_unified=True)),
         ("kv_unified: own lengths", unified, each, policy(kv_unified=True)),
     ]
+    if args.loads:
+        words = args.loads.split(",")
+        loads = [load for load in loads
+                 if load[0] in ("lockstep, the mean length", "own lengths") or any(w in load[0] for w in words)]
     results = {"what": "outputs of different lengths under each GPU step rule",
                "machine": f"{platform.machine()}, {os.cpu_count()} cores",
                "model": os.path.basename(args.model), "prompts": args.prompts, "slots": args.slots,

@@ -109,6 +109,41 @@ def test_running_sequences_move_into_freed_slots(model, solo, device_sampling):
     assert padding[(True, True)] == 0, padding
 
 
+def test_refills_in_waves(model, solo):
+    """Under a GPU's rules a batch call refills freed slots in waves (StepPolicy::refill_wave):
+    while sequences run, waiting prompts take freed slots only once a wave's worth is free,
+    and the running sequences move down meanwhile, so a wave lands in adjacent slots. Run
+    here with waves as wide as the slots: each wave of 4 prompts starts only once the last
+    one has ended, so the call takes at least each wave's longest output in steps; without
+    waves it refills at once and takes fewer. Every output is its solo output either way (on
+    a GPU up to rounding: conftest.py), and the cache ends clean."""
+    from fastpar import _core, _testing
+
+    ctx = fastpar.Context(model, n_parallel=4, n_ctx_per_seq=256)
+    prompts = MORE_PROMPTS[:12]
+    budgets = [2, 14, 3, 6, 12, 2, 5, 2, 3, 9, 2, 4]
+    params = []
+    for m in budgets:
+        p = _core.GenerateParams()
+        p.max_tokens, p.temperature, p.logprobs = m, 0.0, True
+        params.append(p)
+    calls = {}
+    for wave in (0, 4):
+        policy = _testing.resolve_step_policy(output_on_gpu=True, kv_unified=False, memory_copies_by_position=True,
+                                              share_prefixes=True, n_parallel=4, n_threads=ctx.n_threads)
+        assert policy.refill_wave == 1  # an eighth of 4 slots
+        policy.refill_wave = wave
+        results = _testing.generate_with_policy(ctx._ctx, prompts, params, policy)
+        for r, prompt, m in zip(results, prompts, budgets):
+            assert r.finish_reason == "length", r.error  # each runs to its budget: the waves are as planned
+            assert_same_greedy(r, solo(prompt, m), f"{prompt!r}, refill_wave={wave}")
+        assert_clean(ctx)
+        calls[wave] = ctx.last_stats.n_decode_calls
+    # Waves of prompts 0-3, 4-7 and 8-11: at least 14 + 12 + 9 generation steps.
+    assert calls[4] >= 14 + 12 + 9, calls
+    assert calls[0] < calls[4], calls
+
+
 def test_isolation_with_unified_kv(model, solo):
     ctx = fastpar.Context(model, n_parallel=8, n_ctx_per_seq=512, kv_unified=True)
     results = fastpar.generate_parallel(ctx, PROMPTS, max_tokens=48, **GREEDY)

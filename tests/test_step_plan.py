@@ -43,12 +43,16 @@ def test_policy_resolution_differs_between_cpu_and_gpu():
     # Whole grammar masks on the host's otherwise idle cores, with the output on a GPU only.
     assert (cpu.mask_workers, gpu.mask_workers) == (0, 15)
     assert cpu.max_decode_waits == gpu.max_decode_waits == T.UNLIMITED_DECODE_WAITS
+    # Refills in waves of an eighth of the slots, where slots are kept together (64 slots: 8).
+    assert (cpu.refill_wave, gpu.refill_wave) == (0, 64 // T.REFILL_WAVE_DIVISOR)
+    assert T.resolve_step_policy(True, False, True, False, 4, 16).refill_wave == 1
     # One KV buffer for all sequences: one forward pass anyway, nothing to pad or reorder.
     unified = T.resolve_step_policy(True, True, True, False, 64, 16)
     assert (unified.max_padded_gap, unified.prompts_first, unified.last_prompt_token_alone) == (0, False, False)
     # Padding is removed by position afterwards: only for memory copyable by position.
     recurrent = T.resolve_step_policy(True, False, False, True, 64, 16)
     assert recurrent.max_padded_gap == 0 and recurrent.prompts_first and not recurrent.share_prefixes
+    assert unified.refill_wave == 0 and recurrent.refill_wave == 0
     # One thread: nothing to split a row over.
     assert not T.resolve_step_policy(True, False, True, False, 64, 1).split_rows
     assert not T.resolve_step_policy(False, False, True, True, 1, 16).share_prefixes

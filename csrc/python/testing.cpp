@@ -41,6 +41,7 @@ void register_step_plan(py::module_ & m) {
         .def(py::init<>())
         .def_readwrite("max_padded_gap", &StepPolicy::max_padded_gap)
         .def_readwrite("compact_slots", &StepPolicy::compact_slots)
+        .def_readwrite("refill_wave", &StepPolicy::refill_wave)
         .def_readwrite("prompts_first", &StepPolicy::prompts_first)
         .def_readwrite("last_prompt_token_alone", &StepPolicy::last_prompt_token_alone)
         .def_readwrite("max_decode_waits", &StepPolicy::max_decode_waits)
@@ -55,6 +56,7 @@ void register_step_plan(py::module_ & m) {
     m.attr("MAX_PADDED_GAP_GPU") = kMaxPaddedGapGpu;
     m.attr("STREAMING_DECODE_WAITS") = kStreamingDecodeWaits;
     m.attr("UNLIMITED_DECODE_WAITS") = kUnlimitedDecodeWaits;
+    m.attr("REFILL_WAVE_DIVISOR") = kRefillWaveDivisor;
 
     py::class_<PlanInput>(m, "PlanInput", "One slot as the step planner sees it.")
         .def(py::init([](bool active, bool prefilling, bool waiting, size_t left, int32_t priority, uint64_t order) {

@@ -5,7 +5,7 @@ from __future__ import annotations
 import collections.abc
 import fastpar._core
 import typing
-__all__: list[str] = ['MAX_PADDED_GAP_GPU', 'MIN_POOLED', 'MIN_POOLED_WORK', 'MIN_SHARED_PREFIX', 'MIN_SPLIT', 'PlanInput', 'PrefixSharing', 'STREAMING_DECODE_WAITS', 'SharingView', 'StepPolicy', 'TextStream', 'UNLIMITED_DECODE_WAITS', 'allowed_sets', 'available_cpus', 'cgroup_cpu_quota', 'choose_way', 'choose_work', 'compare_masks', 'cpu_batch', 'cpus_within', 'device_serves', 'fail_engine_worker', 'generate_with_policy', 'gpu_batch', 'measure_grammar', 'plan_step', 'resolve_step_policy', 'rows_split', 'sample_against_llama', 'set_allowed_sets', 'set_cache_selective', 'stress_task_pool', 'thread_governor_decide']
+__all__: list[str] = ['MAX_PADDED_GAP_GPU', 'MIN_POOLED', 'MIN_POOLED_WORK', 'MIN_SHARED_PREFIX', 'MIN_SPLIT', 'PlanInput', 'PrefixSharing', 'REFILL_WAVE_DIVISOR', 'STREAMING_DECODE_WAITS', 'SharingView', 'StepPolicy', 'TextStream', 'UNLIMITED_DECODE_WAITS', 'allowed_sets', 'available_cpus', 'cgroup_cpu_quota', 'choose_way', 'choose_work', 'compare_masks', 'cpu_batch', 'cpus_within', 'device_serves', 'fail_engine_worker', 'generate_with_policy', 'gpu_batch', 'measure_grammar', 'plan_step', 'resolve_step_policy', 'rows_split', 'sample_against_llama', 'set_allowed_sets', 'set_cache_selective', 'stress_task_pool', 'thread_governor_decide']
 class StepPolicy:
     """
     The step's CPU/GPU choices (core/loop/step_policy.hpp).
@@ -40,6 +40,12 @@ class StepPolicy:
         ...
     @property
     def pool_caller_spin_us(self) -> int:
+        ...
+    @property
+    def refill_wave(self) -> int:
+        ...
+    @refill_wave.setter
+    def refill_wave(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
         ...
 class PlanInput:
     """
@@ -207,6 +213,7 @@ MIN_POOLED: int = 8
 MIN_POOLED_WORK: int = 262144
 MIN_SHARED_PREFIX: int = 16
 MIN_SPLIT: int = 2
+REFILL_WAVE_DIVISOR: int = 8
 STREAMING_DECODE_WAITS: int = 3
 UNLIMITED_DECODE_WAITS: int = 2147483647
 cpu_batch: int = 512

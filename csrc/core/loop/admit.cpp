@@ -117,6 +117,17 @@ void start_slot(Slot & slot, Request && request, std::vector<llama_token> tokens
 }
 
 void Scheduler::admit() {
+    if (policy_.refill_wave > 0 && !queue_.empty()) {
+        // Refills in waves (step_policy.hpp): while sequences run, freed slots wait until a
+        // wave's worth of them (or one for each waiting prompt) is free.
+        size_t n_free = 0, n_active = 0;
+        for (const auto & s : slots_) {
+            ++(s->active() ? n_active : n_free);
+        }
+        if (n_active > 0 && n_free < std::min(policy_.refill_wave, queue_.size())) {
+            return;
+        }
+    }
     // Tokenizing is most of what admitting a prompt costs, so the prompts about to take
     // the free slots are tokenized on the pool at once; llama_tokenize is thread-safe.
     std::vector<Tokenized> ahead;

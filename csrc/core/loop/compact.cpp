@@ -1,8 +1,9 @@
 // Keeping the running sequences in the first slots (StepPolicy::compact_slots). With one KV
 // buffer per slot, llama.cpp computes a step over the slots from the first to the last one
-// in it: once sequences of different lengths end and nothing waits to refill their slots,
-// those still running are scattered, and every step pads the gaps (or splits at them), so
-// it costs a step of all the slots however few run. Moving the highest running sequence
+// in it: once sequences of different lengths end and nothing waits to refill their slots
+// (or, with refills in waves, the next wave has not come), those still running are
+// scattered, and every step pads the gaps (or splits at them), so it costs a step of all
+// the slots however few run; and a wave's prompts would land scattered, a pass each. Moving the highest running sequence
 // down into the lowest idle slot above the lowest running one (a copy of its whole KV buffer,
 // made by llama.cpp before the next step) keeps them side by side, where a step costs what
 // its sequences need (docs/internals.md, "Slots kept together": nano-vllm's load 1.39x on
@@ -20,7 +21,7 @@
 namespace fastpar {
 
 void Scheduler::compact() {
-    if (!policy_.compact_slots || !queue_.empty()) {
+    if (!policy_.compact_slots || (!queue_.empty() && policy_.refill_wave == 0)) {
         return;
     }
     // Only between generation steps: a prompt still decoding may be paired with a donor slot

@@ -294,6 +294,9 @@ void Engine::run() {
     try {
         StepPolicy policy = ctx_->step_policy();
         policy.max_decode_waits = kStreamingDecodeWaits;  // requests stream: keep running ones going
+        // A request is admitted as soon as a slot is free: waves would hold a freed slot back
+        // from a waiting client (its first token later), and were measured in batch calls only.
+        policy.refill_wave = 0;
         ctx_->with_scheduler(loop_stats_, policy, [this](Scheduler & scheduler) {
             try {
                 loop(scheduler);

@@ -27,6 +27,9 @@ constexpr size_t kMaxPaddedGapGpu = 32;
 constexpr int32_t kStreamingDecodeWaits = 3;
 constexpr int32_t kUnlimitedDecodeWaits = std::numeric_limits<int32_t>::max();
 
+// A GPU's refill wave (StepPolicy::refill_wave) is this fraction of its slots: 32 of 256.
+constexpr int32_t kRefillWaveDivisor = 8;
+
 struct StepPolicy {
     // Longest run of idle slots between decoding ones that a step pads (0: none).
     size_t max_padded_gap = 0;
@@ -34,6 +37,11 @@ struct StepPolicy {
     // move down into idle slots below them (compact.cpp): a step over slots 0..n-1 costs
     // what n sequences need on a GPU, where one over scattered slots costs nearly a full one.
     bool compact_slots = false;
+    // With prompts waiting and sequences running, freed slots take prompts only once this
+    // many are free (or as many as wait), and compaction runs with prompts waiting too: the
+    // refills come as one run of adjacent slots every few steps, not a scattered chunk or
+    // two every step (docs/internals.md, "Refills in waves"). 0: each freed slot at once.
+    size_t refill_wave = 0;
     // Waiting prompts may take a whole batch while they fill it, the decoding slots
     // waiting (step_plan.hpp), at most max_decode_waits steps in a row.
     bool prompts_first = false;
@@ -77,6 +85,7 @@ inline StepPolicy resolve_step_policy(bool output_on_gpu, bool kv_unified, bool 
     const bool gpu_slot_buffers = output_on_gpu && !kv_unified;  // a KV buffer per slot, steps on a GPU
     policy.max_padded_gap = gpu_slot_buffers && memory_copies_by_position ? kMaxPaddedGapGpu : 0;
     policy.compact_slots = gpu_slot_buffers && memory_copies_by_position;
+    policy.refill_wave = policy.compact_slots ? static_cast<size_t>(std::max(1, n_parallel / kRefillWaveDivisor)) : 0;
     policy.prompts_first = gpu_slot_buffers;
     policy.last_prompt_token_alone = gpu_slot_buffers;
     policy.max_decode_waits = kUnlimitedDecodeWaits;
