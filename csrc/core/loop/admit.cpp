@@ -117,9 +117,12 @@ void start_slot(Slot & slot, Request && request, std::vector<llama_token> tokens
 }
 
 void Scheduler::admit() {
-    if (policy_.refill_wave > 0 && !queue_.empty()) {
+    if (policy_.refill_wave > 0 && !embeddings_ && !queue_.empty()) {
         // Refills in waves (step_policy.hpp): while sequences run, freed slots wait until a
-        // wave's worth of them (or one for each waiting prompt) is free.
+        // wave's worth of them (or one for each waiting prompt) is free. Only batch calls
+        // set it (the Engine admits at once), whose queue is in priority order from the
+        // start: no queued request is more urgent than a running one, so none is preempted
+        // and then held back. An embeddings step decodes whole texts: nothing to gather.
         size_t n_free = 0, n_active = 0;
         for (const auto & s : slots_) {
             ++(s->active() ? n_active : n_free);

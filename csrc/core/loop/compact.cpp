@@ -1,17 +1,17 @@
 // Keeping the running sequences in the first slots (StepPolicy::compact_slots). With one KV
-// buffer per slot, llama.cpp computes a step over the slots from the first to the last one
-// in it: once sequences of different lengths end and nothing waits to refill their slots
-// (or, with refills in waves, the next wave has not come), those still running are
-// scattered, and every step pads the gaps (or splits at them), so it costs a step of all
-// the slots however few run; and a wave's prompts would land scattered, a pass each. Moving the highest running sequence
-// down into the lowest idle slot above the lowest running one (a copy of its whole KV buffer,
-// made by llama.cpp before the next step) keeps them side by side, where a step costs what
-// its sequences need (docs/internals.md, "Slots kept together": nano-vllm's load 1.39x on
+// buffer per slot, llama.cpp computes a step over the slots from the first to the last one in
+// it: once sequences of different lengths end and nothing waits to refill their slots (or,
+// with refills in waves, the next wave has not come), those still running are scattered, and
+// every step pads the gaps (or splits at them), so it costs a step of all the slots however
+// few run; and a wave's prompts would land scattered, a pass each. Moving the highest running
+// sequence down into the lowest idle slot above the lowest running one (a copy of its whole KV
+// buffer, made by llama.cpp before the next step) keeps them side by side, where a step costs
+// what its sequences need (docs/internals.md, "Slots kept together": nano-vllm's load 1.39x on
 // an H200). A cached sequence in such a slot moves aside first (vacate_held), unless letting
-// it go might copy it to host memory: then the slot is passed over. Such a sequence is
-// usually a conversation whose next turn comes back to it; saving it and restoring it then
-// copies its whole KV twice while the device waits (on a GPU ~115 KB a token for the speed
-// model), far more than a step one slot wider costs.
+// it go might copy it to host memory: then the slot is passed over. Such a sequence is usually
+// a conversation whose next turn comes back to it; saving it and restoring it then copies its
+// whole KV twice while the device waits (on a GPU ~115 KB a token for the speed model), far
+// more than a step one slot wider costs.
 #include <utility>
 
 #include "core/loop/prefix_cache.hpp"
