@@ -26,15 +26,12 @@ import sys
 import time
 
 import fastpar
-from fastpar import _core, _testing
+from fastpar import _testing
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from bench_step_rules import params  # noqa: E402 - greedy, ignore_eos, as there
 
 WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma tau".split()
-
-
-def params(n_tokens: int):
-    p = _core.GenerateParams()
-    p.max_tokens, p.temperature, p.seed, p.ignore_eos = n_tokens, 0.0, 1, True
-    return p
 
 
 def main() -> int:

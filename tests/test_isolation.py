@@ -8,6 +8,19 @@ import fastpar
 from conftest import GREEDY, MORE_PROMPTS, ON_GPU, PROMPTS, assert_as_solo, assert_clean, assert_same_greedy
 
 
+def greedy_params(budgets):
+    """GenerateParams for generate_with_policy: greedy, with log-probabilities (compared on a
+    GPU: conftest.py), one per budget."""
+    from fastpar import _core
+
+    params = []
+    for m in budgets:
+        p = _core.GenerateParams()
+        p.max_tokens, p.temperature, p.logprobs = m, 0.0, True
+        params.append(p)
+    return params
+
+
 def test_isolation_batched_equals_alone(model, solo):
     ctx = fastpar.Context(model, n_parallel=8, n_ctx_per_seq=512)
     results = fastpar.generate_parallel(ctx, PROMPTS, max_tokens=48, **GREEDY)
@@ -62,7 +75,7 @@ def test_running_sequences_move_into_freed_slots(model, solo, device_sampling):
     context has one slot more than prompts, then those the moves leave); the second call
     finds every sequence where it went. (With none empty, a sequence the cache would save
     stays where it is: test_prefix_cache.py.)"""
-    from fastpar import _core, _testing
+    from fastpar import _testing
 
     ctx = fastpar.Context(model, n_parallel=8, n_ctx_per_seq=256, device_sampling=device_sampling)
     cached = fastpar.Context(model, n_parallel=9, n_ctx_per_seq=256, device_sampling=device_sampling,
@@ -70,11 +83,7 @@ def test_running_sequences_move_into_freed_slots(model, solo, device_sampling):
     budgets = [2, 24, 3, 24, 24, 5, 2, 24]  # slots 0, 2, 5 and 6 end early: gaps below running ones
     # Prompts of 17-25 tokens: long enough for the cache to keep (kMinSharedPrefix).
     prompts = [f"{MORE_PROMPTS[19 - i]} {MORE_PROMPTS[8 + i]} {p} Go on, please." for i, p in enumerate(PROMPTS)]
-    params = []
-    for m in budgets:
-        p = _core.GenerateParams()
-        p.max_tokens, p.temperature, p.logprobs = m, 0.0, True
-        params.append(p)
+    params = greedy_params(budgets)
     padding = {}
     # The cached context runs twice: the second call starts from the sequences the first left
     # in the slots, so a pad that had wiped one (the cache still counting it) would show.
@@ -117,16 +126,12 @@ def test_refills_in_waves(model, solo):
     one has ended, so the call takes at least each wave's longest output in steps; without
     waves it refills at once and takes fewer. Every output is its solo output either way (on
     a GPU up to rounding: conftest.py), and the cache ends clean."""
-    from fastpar import _core, _testing
+    from fastpar import _testing
 
     ctx = fastpar.Context(model, n_parallel=4, n_ctx_per_seq=256)
     prompts = MORE_PROMPTS[:12]
     budgets = [2, 14, 3, 6, 12, 2, 5, 2, 3, 9, 2, 4]
-    params = []
-    for m in budgets:
-        p = _core.GenerateParams()
-        p.max_tokens, p.temperature, p.logprobs = m, 0.0, True
-        params.append(p)
+    params = greedy_params(budgets)
     calls = {}
     for wave in (0, 4):
         policy = _testing.resolve_step_policy(output_on_gpu=True, kv_unified=False, memory_copies_by_position=True,
