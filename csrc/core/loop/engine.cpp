@@ -279,6 +279,9 @@ void Engine::account(Completion & c, bool started, bool cancelled) {
     if (!started) {
         --n_waiting_;  // finished (cancelled, failed) before it got a slot
     }
+    // The loop's counters as of this completion: its caller, woken by it, may read stats()
+    // before the step that made it returns (on the worker, or after it ended: close()).
+    publish_loop_stats();
     totals_.n_prompt_tokens += c.n_prompt_tokens;
     totals_.n_prompt_tokens_shared += c.n_prompt_tokens_shared;
     totals_.n_prompt_tokens_cached += c.n_prompt_tokens_cached;
@@ -385,10 +388,14 @@ void Engine::loop(Scheduler & scheduler) {
         const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
         std::lock_guard<std::mutex> lock(mutex_);
         totals_.busy_s += dt;
-        totals_.n_decode_calls = loop_stats_.n_decode_calls;
-        totals_.n_padding_tokens = loop_stats_.n_padding_tokens;
-        totals_.n_preempted = loop_stats_.n_preempted;
+        publish_loop_stats();
     }
+}
+
+void Engine::publish_loop_stats() {
+    totals_.n_decode_calls = loop_stats_.n_decode_calls;
+    totals_.n_padding_tokens = loop_stats_.n_padding_tokens;
+    totals_.n_preempted = loop_stats_.n_preempted;
 }
 
 void Engine::post(std::function<void()> task) {

@@ -162,6 +162,7 @@ private:
     std::shared_ptr<RequestHandle> enqueue(int32_t n, double timeout_s,
                                            const std::function<std::vector<Request>(uint64_t)> & make);
     void account(Completion & c, bool started, bool cancelled);
+    void publish_loop_stats();  // loop_stats_' counters into totals_: mutex_ held, on the worker
 
     std::unique_ptr<Context> ctx_;
     const int32_t max_queued_;
