@@ -117,34 +117,26 @@ void start_slot(Slot & slot, Request && request, std::vector<llama_token> tokens
 }
 
 void Scheduler::admit() {
-    if (policy_.refill_wave > 0 && !embeddings_ && !queue_.empty()) {
-        // Refills in waves (step_policy.hpp): while sequences run, freed slots wait until a
-        // wave's worth of them (or one for each waiting prompt) is free. Only batch calls
-        // set it (the Engine admits at once), whose queue is in priority order from the
-        // start: no queued request is more urgent than a running one, so none is preempted
-        // and then held back. An embeddings step decodes whole texts: nothing to gather.
-        size_t n_free = 0, n_active = 0;
-        for (const auto & s : slots_) {
-            ++(s->active() ? n_active : n_free);
-        }
-        if (n_active > 0 && n_free < std::min(policy_.refill_wave, queue_.size())) {
-            return;
-        }
+    const auto n_free = static_cast<size_t>(
+        std::count_if(slots_.begin(), slots_.end(), [](const std::unique_ptr<Slot> & s) { return !s->active(); }));
+    // Refills in waves (step_policy.hpp): while sequences run, freed slots wait until a wave's
+    // worth of them (or one for each waiting prompt) is free. Only a generation context's
+    // batch calls have it (the Engine and an embeddings context clear it); their queue is in
+    // priority order from the start: no queued request is more urgent than a running one,
+    // so none is preempted and then held back.
+    if (n_free < slots_.size() && n_free < std::min(policy_.refill_wave, queue_.size())) {
+        return;
     }
     // Tokenizing is most of what admitting a prompt costs, so the prompts about to take
     // the free slots are tokenized on the pool at once; llama_tokenize is thread-safe.
     std::vector<Tokenized> ahead;
-    if (pool_ != nullptr && queue_.size() >= kMinPooled) {
-        const auto n_free = static_cast<size_t>(
-            std::count_if(slots_.begin(), slots_.end(), [](const std::unique_ptr<Slot> & s) { return !s->active(); }));
-        if (n_free >= kMinPooled) {
-            ahead.resize(std::min(n_free, queue_.size()));
-            pool_->run(ahead.size(), [&](size_t i) {
-                if (!queue_[i].suspended) {  // a suspended request has its tokens
-                    tokenize_prompt(model_, queue_[i].prompt, queue_[i].params->reasoning, ahead[i]);
-                }
-            });
-        }
+    if (pool_ != nullptr && queue_.size() >= kMinPooled && n_free >= kMinPooled) {
+        ahead.resize(std::min(n_free, queue_.size()));
+        pool_->run(ahead.size(), [&](size_t i) {
+            if (!queue_[i].suspended) {  // a suspended request has its tokens
+                tokenize_prompt(model_, queue_[i].prompt, queue_[i].params->reasoning, ahead[i]);
+            }
+        });
     }
     size_t n_taken = 0;
     const auto has_free = [this] {

@@ -282,6 +282,9 @@ Context::Context(std::shared_ptr<const Model> model, const ContextParams & param
     batch_ = llama_batch_init(steps_n_batch(), 0, 1);
     policy_ = resolve_step_policy(model_->output_on_gpu(), params_.kv_unified, memory_copies_by_position(model_->get()),
                                   params_.share_prefixes, params_.n_parallel, n_threads_);
+    if (params_.embeddings) {
+        policy_.refill_wave = 0;  // a step embeds whole texts: no prompt chunks to gather
+    }
     // Host sampling of many sequences at once uses the decode threads' cores, idle then.
     pool_ = std::make_unique<TaskPool>(std::max(0, n_threads_ - 1), policy_.pool);
     // Trimming a cached sequence to a prompt's prefix needs a cache indexed by position.
