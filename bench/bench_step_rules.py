@@ -9,10 +9,20 @@ a time; then both loads again on a second context with one KV buffer for all slo
 (kv_unified=True, where llama.cpp runs a step as one pass instead of one per run of slots
 with equal chunks). The lengths are those the prompts' JSON-schema outputs have (one
 constrained call first), the lockstep length their mean, so both loads generate about the
-same tokens. The loads take turns, --reps rounds; the wall times, generated tokens/s (wall
-clock), llama_decode calls and padding tokens are printed, and written as JSON with --out.
+same tokens.
 
-    python bench/bench_step_rules.py --model SPEED_MODEL.gguf [--out FILE]   # every layer on the GPU
+--workload words: prompts of about 35 tokens (30 random words, the same on every machine),
+each generating a random 34-96 tokens (mean 65), `n_ctx_per_seq` 160, no constrained call:
+the load on which refills in waves were measured (`--loads waves` runs it with the refills
+at once and in waves of 16 and 64 beside the context's rules).
+
+The loads take turns, --reps rounds. Printed per load: the median wall time, generated
+tokens/s (wall clock) and its ratio to the lockstep load's, llama_decode calls and ms a
+call, padding tokens, and how many outputs equal those of the own lengths under the
+context's rules (on a GPU a batch of another shape may round a near-tie the other way; on
+a CPU all do); written as JSON with --out.
+
+    python bench/bench_step_rules.py --model SPEED_MODEL.gguf [--workload words] [--loads waves] [--out FILE]
 """
 
 from __future__ import annotations
@@ -22,6 +32,7 @@ import json
 import os
 import pathlib
 import platform
+import random
 import statistics
 import sys
 import time
@@ -31,6 +42,8 @@ from fastpar import _core, _testing
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from bench_structured import SCHEMA, prompts, ticket_text  # noqa: E402 - the same task
+
+WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma tau".split()
 
 
 def params(n_tokens: int, ignore_eos: bool = True):
@@ -45,6 +58,8 @@ def main() -> int:
     ap.add_argument("--prompts", type=int, default=1024)
     ap.add_argument("--slots", type=int, default=256)
     ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--workload", choices=("extraction", "words"), default="extraction",
+                    help="the prompts and lengths (see above)")
     ap.add_argument("--n-gpu-layers", type=int, default=-1, help="0 runs the GPU's rules on the CPU (a check)")
     ap.add_argument("--loads", default=None,
                     help="only the loads whose names contain one of these comma-separated words, "
@@ -53,14 +68,19 @@ def main() -> int:
     args = ap.parse_args()
 
     model = fastpar.Model(args.model, n_gpu_layers=args.n_gpu_layers)
-    ctx = fastpar.Context(model, n_parallel=args.slots, n_ctx_per_seq=512)
-    unified = fastpar.Context(model, n_parallel=args.slots, n_ctx_per_seq=512, kv_unified=True)
-    texts = [ticket_text(i) for i in range(args.prompts)]
-    constrained = params(96, ignore_eos=False)
-    constrained.json_schema = json.dumps(SCHEMA)
-    for c in (ctx, unified):  # warm-up
-        c._ctx.generate(prompts(args.slots), [params(96)], None)
-    lengths = [max(1, c.n_gen_tokens) for c in ctx._ctx.generate(prompts(args.prompts), [constrained], None)]
+    n_ctx_per_seq = 512 if args.workload == "extraction" else 160
+    ctx = fastpar.Context(model, n_parallel=args.slots, n_ctx_per_seq=n_ctx_per_seq)
+    if args.workload == "extraction":
+        texts = [ticket_text(i) for i in range(args.prompts)]
+        constrained = params(96, ignore_eos=False)
+        constrained.json_schema = json.dumps(SCHEMA)
+        ctx._ctx.generate(prompts(args.slots), [params(96)], None)  # warm-up
+        lengths = [max(1, c.n_gen_tokens) for c in ctx._ctx.generate(prompts(args.prompts), [constrained], None)]
+    else:
+        rnd = random.Random(7)
+        texts = [" ".join(rnd.choice(WORDS) for _ in range(30)) + f" {i}" for i in range(args.prompts)]
+        lengths = [rnd.randint(34, 96) for _ in range(args.prompts)]
+        ctx._ctx.generate(texts[:args.slots], [params(32)], None)  # warm-up
     mean = round(sum(lengths) / len(lengths))
     each = [params(n) for n in lengths]
 
@@ -72,39 +92,58 @@ def main() -> int:
         return p
 
     loads = [
-        ("lockstep, the mean length", ctx, [params(mean)], policy()),
-        ("own lengths", ctx, each, policy()),
-        ("own lengths, no padding", ctx, each, policy(max_padded_gap=0)),
-        ("own lengths, slots not kept together", ctx, each, policy(compact_slots=False)),
-        ("own lengths, refills at once (no waves)", ctx, each, policy(refill_wave=0)),
-        ("own lengths, every gap padded", ctx, each, policy(max_padded_gap=1 << 30)),
-        ("own lengths, no last-token rule", ctx, each, policy(last_prompt_token_alone=False)),
-        ("own lengths, no prompts-first steps", ctx, each, policy(prompts_first=False)),
-        ("kv_unified: lockstep, the mean length", unified, [params(mean)], policy(kv_unified=True)),
-        ("kv_unified: own lengths", unified, each, policy(kv_unified=True)),
+        ("lockstep, the mean length", False, [params(mean)], policy()),
+        ("own lengths", False, each, policy()),
+        ("own lengths, no padding", False, each, policy(max_padded_gap=0)),
+        ("own lengths, slots not kept together", False, each, policy(compact_slots=False)),
+        ("own lengths, refills at once (no waves)", False, each, policy(refill_wave=0)),
+        ("own lengths, waves of 16", False, each, policy(refill_wave=16)),
+        ("own lengths, waves of 64", False, each, policy(refill_wave=64)),
+        ("own lengths, every gap padded", False, each, policy(max_padded_gap=1 << 30)),
+        ("own lengths, no last-token rule", False, each, policy(last_prompt_token_alone=False)),
+        ("own lengths, no prompts-first steps", False, each, policy(prompts_first=False)),
+        ("kv_unified: lockstep, the mean length", True, [params(mean)], policy(kv_unified=True)),
+        ("kv_unified: own lengths", True, each, policy(kv_unified=True)),
     ]
     if args.loads:
         words = args.loads.split(",")
         loads = [load for load in loads
                  if load[0] in ("lockstep, the mean length", "own lengths") or any(w in load[0] for w in words)]
+    # The second context (one KV buffer for all slots) only where a load needs it.
+    unified = None
+    if any(on_unified for _, on_unified, *_ in loads):
+        unified = fastpar.Context(model, n_parallel=args.slots, n_ctx_per_seq=n_ctx_per_seq, kv_unified=True)
+        unified._ctx.generate(texts[:args.slots], [params(32)], None)  # warm-up
     results = {"what": "outputs of different lengths under each GPU step rule",
                "machine": f"{platform.machine()}, {os.cpu_count()} cores",
                "model": os.path.basename(args.model), "prompts": args.prompts, "slots": args.slots,
+               "workload": args.workload, "n_ctx_per_seq": n_ctx_per_seq, "refill_wave": policy().refill_wave,
                "mean_length": mean, "gen_tokens": sum(lengths), "loads": []}
     walls: dict = {name: [] for name, *_ in loads}
     last: dict = {}
+    reference = None  # the own lengths' outputs under the context's rules
     for rep in range(args.reps):
-        for name, c, p, pol in loads:
+        for name, on_unified, p, pol in loads:
+            c = unified if on_unified else ctx
             t0 = time.perf_counter()
-            _testing.generate_with_policy(c._ctx, texts, p, pol)
-            walls[name].append(round(time.perf_counter() - t0, 2))
-            last[name] = c.last_stats
+            out = _testing.generate_with_policy(c._ctx, texts, p, pol)
+            walls[name].append(round(time.perf_counter() - t0, 3))
+            tokens = [list(o.token_ids) for o in out] if p is each else None
+            if name == "own lengths" and reference is None:
+                reference = tokens
+            last[name] = (c.last_stats, tokens)
             print(json.dumps({"rep": rep, "load": name, "wall_s": walls[name][-1]}), flush=True)
+    lock_rate = None
     for name, *_ in loads:
-        s, wall = last[name], statistics.median(walls[name])
-        row = {"load": name, "wall_s": walls[name], "median_wall_s": wall,
-               "gen_tok_s": round(s.n_gen_tokens / wall, 1), "decode_calls": s.n_decode_calls,
-               "padding_tokens": s.n_padding_tokens, "gen_tokens": s.n_gen_tokens}
+        (s, tokens), wall = last[name], statistics.median(walls[name])
+        rate = s.n_gen_tokens / wall
+        if name == "lockstep, the mean length":
+            lock_rate = rate
+        row = {"load": name, "wall_s": walls[name], "median_wall_s": wall, "gen_tok_s": round(rate, 1),
+               "x_lockstep": round(rate / lock_rate, 3) if lock_rate else None,
+               "decode_calls": s.n_decode_calls, "ms_per_call": round(1000 * wall / s.n_decode_calls, 2),
+               "padding_tokens": s.n_padding_tokens, "gen_tokens": s.n_gen_tokens,
+               "same_outputs": sum(a == b for a, b in zip(reference, tokens)) if tokens and reference else None}
         results["loads"].append(row)
         print(json.dumps(row), flush=True)
     if args.out:
