@@ -52,6 +52,24 @@ def params(n_tokens: int, ignore_eos: bool = True):
     return p
 
 
+def fifo_calls(lengths: list, slots: int, wave: int, first_wave_calls: int) -> int:
+    """Decode calls that first-come-first-served refills need for these output lengths, at any
+    speed a step: the first `slots` prompts take `first_wave_calls` calls; then each call gives
+    every running sequence a token, and a prompt taking a freed slot (once `wave` are free or
+    as many as wait; 0: at once) rides one call with its chunk and yields its first token with
+    the next. With every step as cheap as a lockstep step, the lockstep load's calls over
+    these are the most an own-lengths load can make of it: the last prompts admitted end one
+    by one (the tail)."""
+    queue, running, calls = list(lengths[slots:]), list(lengths[:slots]), first_wave_calls
+    while running or queue:
+        free = slots - len(running)
+        n = min(free, len(queue)) if queue and (not running or free >= min(wave, len(queue)) or not wave) else 0
+        admitted, queue = queue[:n], queue[n:]
+        running = [r - 1 for r in running if r > 1] + admitted
+        calls += 1
+    return calls
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True, help="GGUF, every layer on the GPU (the F16 speed model)")
@@ -134,7 +152,10 @@ def main() -> int:
             last[name] = (c.last_stats, tokens)
             print(json.dumps({"rep": rep, "load": name, "wall_s": walls[name][-1]}), flush=True)
     lock_rate = None
-    for name, *_ in loads:
+    # The lockstep load's calls are waves of a prompt part and `mean` generation calls.
+    n_waves = -(-args.prompts // args.slots)
+    first_wave_calls = max(0, last["lockstep, the mean length"][0].n_decode_calls // n_waves - mean)
+    for name, on_unified, p, pol in loads:
         (s, tokens), wall = last[name], statistics.median(walls[name])
         rate = s.n_gen_tokens / wall
         if name == "lockstep, the mean length":
@@ -144,6 +165,8 @@ def main() -> int:
                "decode_calls": s.n_decode_calls, "ms_per_call": round(1000 * wall / s.n_decode_calls, 2),
                "padding_tokens": s.n_padding_tokens, "gen_tokens": s.n_gen_tokens,
                "same_outputs": sum(a == b for a, b in zip(reference, tokens)) if tokens and reference else None}
+        if p is each and not on_unified:  # the tail's share: see fifo_calls
+            row["fifo_calls"] = fifo_calls(lengths, args.slots, pol.refill_wave, first_wave_calls)
         results["loads"].append(row)
         print(json.dumps(row), flush=True)
     if args.out:
