@@ -53,8 +53,8 @@ def params(n_tokens: int, ignore_eos: bool = True):
 
 
 def fifo_calls(lengths: list, slots: int, wave: int, first_wave_calls: int) -> int:
-    """Decode calls that first-come-first-served refills need for these output lengths, at any
-    speed a step: the first `slots` prompts take `first_wave_calls` calls; then each call gives
+    """Decode calls that first-come-first-served refills need for these output lengths, whatever
+    a step costs: the first `slots` prompts take `first_wave_calls` calls; then each call gives
     every running sequence a token, and a prompt taking a freed slot (once `wave` are free or
     as many as wait; 0: at once) rides one call with its chunk and yields its first token with
     the next. With every step as cheap as a lockstep step, the lockstep load's calls over
