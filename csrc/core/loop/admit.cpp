@@ -117,6 +117,9 @@ void start_slot(Slot & slot, Request && request, std::vector<llama_token> tokens
 }
 
 void Scheduler::admit() {
+    if (queue_.empty()) {
+        return;  // every step once the queue is drained: nothing to admit, no slots to count
+    }
     const auto n_free = static_cast<size_t>(
         std::count_if(slots_.begin(), slots_.end(), [](const std::unique_ptr<Slot> & s) { return !s->active(); }));
     // Refills in waves (step_policy.hpp): while sequences run, freed slots wait until a wave's
