@@ -16,6 +16,10 @@ each generating a random 34-96 tokens (mean 65), `n_ctx_per_seq` 160, no constra
 the load on which refills in waves were measured (`--loads waves` runs it with the refills
 at once and in waves of 16 and 64 beside the context's rules).
 
+--loads Engine adds the same loads through an Engine (every prompt submitted at once, as
+`bench/run.py`'s stage 9; the Engine's own rules, refills at once, and waves held without
+bound), each row with its ratio to the same load in one call (issue bar: 0.95).
+
 The loads take turns, --reps rounds. Printed per load: the median wall time, generated
 tokens/s (wall clock) and its ratio to the lockstep load's, llama_decode calls and ms a
 call, padding tokens, and how many outputs equal those of the own lengths under the
@@ -39,6 +43,7 @@ import time
 
 import fastpar
 from fastpar import _core, _testing
+from fastpar._options import _context_params
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from bench_structured import SCHEMA, prompts, ticket_text  # noqa: E402 - the same task
@@ -68,6 +73,17 @@ def fifo_calls(lengths: list, slots: int, wave: int, first_wave_calls: int) -> i
         running = [r - 1 for r in running if r > 1] + admitted
         calls += 1
     return calls
+
+
+def run_on_engine(engine, texts: list, each: list):
+    """Every text submitted at once to `engine` (a fastpar._core.Engine), with each[i] (or each[0]
+    for all), and awaited: the completions, and the engine's counters over the run."""
+    s0 = engine.stats()
+    handles = [engine.submit(t, each[i] if len(each) > 1 else each[0]) for i, t in enumerate(texts)]
+    out = [h.result(600)[0] for h in handles]
+    s1 = engine.stats()
+    counted = ("n_gen_tokens", "n_decode_calls", "n_padding_tokens")
+    return out, argparse.Namespace(**{k: getattr(s1, k) - getattr(s0, k) for k in counted})
 
 
 def main() -> int:
@@ -109,6 +125,7 @@ def main() -> int:
             setattr(p, name, value)
         return p
 
+    # (name, where it runs: "ctx", "unified" or an engine's name, params, policy of a call)
     loads = [
         ("lockstep, the mean length", False, [params(mean)], policy()),
         ("own lengths", False, each, policy()),
@@ -122,16 +139,35 @@ def main() -> int:
         ("own lengths, no prompts-first steps", False, each, policy(prompts_first=False)),
         ("kv_unified: lockstep, the mean length", True, [params(mean)], policy(kv_unified=True)),
         ("kv_unified: own lengths", True, each, policy(kv_unified=True)),
+        ("Engine: lockstep, the mean length", "engine", [params(mean)], None),
+        ("Engine: own lengths", "engine", each, None),
+        ("Engine: own lengths, refills at once", "engine, refills at once", each, None),
+        ("Engine: own lengths, waves held without bound", "engine, waves held without bound", each, None),
     ]
+    # What an Engine row compares with: the same load in one call.
+    in_a_call = {"Engine: lockstep, the mean length": "lockstep, the mean length"}
     if args.loads:
         words = args.loads.split(",")
         loads = [load for load in loads
                  if load[0] in ("lockstep, the mean length", "own lengths") or any(w in load[0] for w in words)]
-    # The second context (one KV buffer for all slots) only where a load needs it.
+    # The second context (one KV buffer for all slots) and the engines only where a load needs them.
     unified = None
-    if any(on_unified for _, on_unified, *_ in loads):
+    if any(where is True for _, where, *_ in loads):
         unified = fastpar.Context(model, n_parallel=args.slots, n_ctx_per_seq=n_ctx_per_seq, kv_unified=True)
         unified._ctx.generate(texts[:args.slots], [params(32)], None)  # warm-up
+    engines = {}
+    for where in sorted({where for _, where, *_ in loads if isinstance(where, str)}):
+        cp = _context_params(args.slots, n_ctx_per_seq, None, None, False)
+        if where == "engine":  # the Engine as shipped
+            engines[where] = _core.Engine(model._model, cp, args.prompts)
+        else:
+            rules = _testing.streaming_step_policy(policy())
+            if where == "engine, refills at once":
+                rules.refill_wave = 0
+            else:
+                rules.max_wave_hold = _testing.UNLIMITED_WAVE_HOLD
+            engines[where] = _testing.engine_with_policy(model._model, cp, args.prompts, rules)
+        run_on_engine(engines[where], texts[:args.slots], [params(32)])  # warm-up
     results = {"what": "outputs of different lengths under each GPU step rule",
                "machine": f"{platform.machine()}, {os.cpu_count()} cores",
                "model": os.path.basename(args.model), "prompts": args.prompts, "slots": args.slots,
@@ -141,21 +177,25 @@ def main() -> int:
     last: dict = {}
     reference = None  # the own lengths' outputs under the context's rules
     for rep in range(args.reps):
-        for name, on_unified, p, pol in loads:
-            c = unified if on_unified else ctx
+        for name, where, p, pol in loads:
             t0 = time.perf_counter()
-            out = _testing.generate_with_policy(c._ctx, texts, p, pol)
+            if isinstance(where, str):
+                out, stats = run_on_engine(engines[where], texts, p)
+            else:
+                c = unified if where else ctx
+                out = _testing.generate_with_policy(c._ctx, texts, p, pol)
+                stats = c.last_stats
             walls[name].append(round(time.perf_counter() - t0, 3))
             tokens = [list(o.token_ids) for o in out] if p is each else None
             if name == "own lengths" and reference is None:
                 reference = tokens
-            last[name] = (c.last_stats, tokens)
+            last[name] = (stats, tokens)
             print(json.dumps({"rep": rep, "load": name, "wall_s": walls[name][-1]}), flush=True)
     lock_rate = None
     # The lockstep load's calls are waves of a prompt part and `mean` generation calls.
     n_waves = -(-args.prompts // args.slots)
     first_wave_calls = max(0, last["lockstep, the mean length"][0].n_decode_calls // n_waves - mean)
-    for name, on_unified, p, pol in loads:
+    for name, where, p, pol in loads:
         (s, tokens), wall = last[name], statistics.median(walls[name])
         rate = s.n_gen_tokens / wall
         if name == "lockstep, the mean length":
@@ -165,8 +205,12 @@ def main() -> int:
                "decode_calls": s.n_decode_calls, "ms_per_call": round(1000 * wall / s.n_decode_calls, 2),
                "padding_tokens": s.n_padding_tokens, "gen_tokens": s.n_gen_tokens,
                "same_outputs": sum(a == b for a, b in zip(reference, tokens)) if tokens and reference else None}
-        if p is each and not on_unified:  # the tail's share: see fifo_calls
+        if p is each and where is False:  # the tail's share: see fifo_calls
             row["fifo_calls"] = fifo_calls(lengths, args.slots, pol.refill_wave, first_wave_calls)
+        if isinstance(where, str):
+            same = in_a_call.get(name, "own lengths")
+            if same in walls:
+                row["x_in_a_call"] = round(rate / (last[same][0].n_gen_tokens / statistics.median(walls[same])), 3)
         results["loads"].append(row)
         print(json.dumps(row), flush=True)
     if args.out:

@@ -11,7 +11,7 @@ import time
 import pytest
 
 import fastpar
-from conftest import GREEDY, MORE_PROMPTS, ON_GPU, assert_as_solo, assert_clean
+from conftest import GREEDY, MORE_PROMPTS, ON_GPU, assert_as_solo, assert_clean, assert_same_greedy
 
 # Mixed prompt lengths: short ones and a few long ones (a couple of hundred tokens).
 LONG = ("Summarise the following notes. " + "The meeting covered budgets, hiring, and the roadmap. " * 12)
@@ -244,6 +244,75 @@ def test_an_urgent_request_preempts_and_the_suspended_one_goes_on_exactly(model,
     # The suspended request's stream adds up to its text.
     seen[1] += running[1].take_pieces()
     assert "".join(piece for _, piece in seen[1]) == got[1].text
+
+
+def engine_under(model, policy, n_parallel: int) -> fastpar.Engine:
+    """A fastpar.Engine whose worker runs with `policy` as it is (a GPU's rules on a CPU)."""
+    from fastpar import _testing
+    from fastpar._options import _context_params
+
+    e = fastpar.Engine.__new__(fastpar.Engine)
+    e.model = model
+    e._engine = _testing.engine_with_policy(model._model, _context_params(n_parallel, 256, None, None, False), 64,
+                                           policy)
+    return e
+
+
+def gpu_streaming_rules(n_parallel: int, **changes):
+    """The Engine's step policy on a GPU (refills in waves among its rules), with `changes`."""
+    from fastpar import _testing
+
+    policy = _testing.streaming_step_policy(_testing.resolve_step_policy(
+        output_on_gpu=True, kv_unified=False, memory_copies_by_position=True, share_prefixes=True,
+        n_parallel=n_parallel, n_threads=2))
+    assert policy.max_wave_hold == _testing.STREAMING_WAVE_HOLD
+    for name, value in changes.items():
+        setattr(policy, name, value)
+    return policy
+
+
+@pytest.mark.parametrize("max_wave_hold", [2, "unlimited"])
+def test_an_engine_holds_a_freed_slot_for_its_wave_at_most_max_wave_hold_calls(model, solo, max_wave_hold):
+    """Under a GPU's rules the Engine refills in waves, as a batch call does, but a freed slot
+    waits for its wave at most max_wave_hold decode calls (StepPolicy::max_wave_hold): a
+    queued request's first token comes at most that many steps later. Run here with waves as
+    wide as the 4 slots: 8 requests in a burst, A runs 40 steps and B-D end within 2, so E-H
+    wait for A with the hold unlimited and start 2 calls after B-D end with it bounded.
+    Every output is its solo output either way (on a GPU up to rounding: conftest.py)."""
+    from fastpar import _testing
+
+    hold = _testing.UNLIMITED_WAVE_HOLD if max_wave_hold == "unlimited" else max_wave_hold
+    prompts = MORE_PROMPTS[1:8]
+    with engine_under(model, gpu_streaming_rules(4, refill_wave=4, max_wave_hold=hold), 4) as e:
+        a = e.submit(MORE_PROMPTS[0], max_tokens=40, ignore_eos=True, **GREEDY)
+        rest = [e.submit(p, max_tokens=2, **GREEDY) for p in prompts]
+        queued = [r.result(timeout=120) for r in rest[3:]]
+        a_done_then = a.done()
+        assert a.result(timeout=120).n_gen_tokens == 40
+        done = [r.result(timeout=120) for r in rest[:3]] + queued
+    # Bounded: E-H end while A still runs (it has ~30 steps to go); unlimited: only after it.
+    assert a_done_then == (max_wave_hold == "unlimited")
+    for c, p in zip(done, prompts):
+        assert_same_greedy(c, solo(p, 2), f"{p!r} in waves and alone")
+
+
+def test_an_engine_never_holds_an_urgent_request_for_a_wave(model):
+    """Waves hold a freed slot back only from requests no more urgent than every running one:
+    a request with priority -1 preempts a running one and takes its slot at once, even with
+    waves as wide as the slots and no bound on the hold."""
+    from fastpar import _testing
+
+    long = dict(max_tokens=40, ignore_eos=True, **GREEDY)
+    policy = gpu_streaming_rules(4, refill_wave=4, max_wave_hold=_testing.UNLIMITED_WAVE_HOLD)
+    with engine_under(model, policy, 4) as e:
+        running = [e.submit(p, **long) for p in MORE_PROMPTS[:4]]
+        deadline = time.monotonic() + 60
+        while e.stats().n_active < 4 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        urgent = e.submit("Urgent:", max_tokens=3, ignore_eos=True, priority=-1, **GREEDY).result(timeout=120)
+        assert not any(r.done() for r in running)  # held for a wave, it would start after three of them
+        assert all(r.result(timeout=120).n_gen_tokens == 40 for r in running)
+        assert urgent.n_gen_tokens == 3 and e.stats().n_preempted == 1
 
 
 def test_blocking_submit_waits_for_room(model):

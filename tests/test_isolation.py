@@ -124,7 +124,8 @@ def test_refills_in_waves(model, solo):
     and the running sequences move down meanwhile, so a wave lands in adjacent slots. Run
     here with waves as wide as the slots: each wave of 4 prompts starts only once the last
     one has ended, so the call takes at least each wave's longest output in steps; without
-    waves it refills at once and takes fewer. Every output is its solo output either way (on
+    waves it refills at once and takes fewer, and so does a freed slot held at most one call.
+    Every output is its solo output either way (on
     a GPU up to rounding: conftest.py), and the cache ends clean."""
     from fastpar import _testing
 
@@ -133,20 +134,25 @@ def test_refills_in_waves(model, solo):
     budgets = [2, 14, 3, 6, 12, 2, 5, 2, 3, 9, 2, 4]
     params = greedy_params(budgets)
     calls = {}
-    for wave in (0, 4):
+    for wave, hold in ((0, None), (4, None), (4, 1)):
         policy = _testing.resolve_step_policy(output_on_gpu=True, kv_unified=False, memory_copies_by_position=True,
                                               share_prefixes=True, n_parallel=4, n_threads=ctx.n_threads)
         assert policy.refill_wave == 1  # an eighth of 4 slots
+        assert policy.max_wave_hold == _testing.UNLIMITED_WAVE_HOLD  # a batch call waits for whole waves
         policy.refill_wave = wave
+        if hold is not None:
+            policy.max_wave_hold = hold
         results = _testing.generate_with_policy(ctx._ctx, prompts, params, policy)
         for r, prompt, m in zip(results, prompts, budgets):
             assert r.finish_reason == "length", r.error  # each runs to its budget: the waves are as planned
-            assert_same_greedy(r, solo(prompt, m), f"{prompt!r}, refill_wave={wave}")
+            assert_same_greedy(r, solo(prompt, m), f"{prompt!r}, refill_wave={wave}, max_wave_hold={hold}")
         assert_clean(ctx)
-        calls[wave] = ctx.last_stats.n_decode_calls
+        calls[wave, hold] = ctx.last_stats.n_decode_calls
     # Waves of prompts 0-3, 4-7 and 8-11: at least 14 + 12 + 9 generation steps.
-    assert calls[4] >= 14 + 12 + 9, calls
-    assert calls[0] < calls[4], calls
+    assert calls[4, None] >= 14 + 12 + 9, calls
+    assert calls[0, None] < calls[4, None], calls
+    # A freed slot held at most one call (the Engine's bound, StepPolicy::max_wave_hold): in between.
+    assert calls[0, None] <= calls[4, 1] < calls[4, None], calls
 
 
 def test_isolation_with_unified_kv(model, solo):

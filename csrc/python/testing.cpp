@@ -42,6 +42,7 @@ void register_step_plan(py::module_ & m) {
         .def_readwrite("max_padded_gap", &StepPolicy::max_padded_gap)
         .def_readwrite("compact_slots", &StepPolicy::compact_slots)
         .def_readwrite("refill_wave", &StepPolicy::refill_wave)
+        .def_readwrite("max_wave_hold", &StepPolicy::max_wave_hold)
         .def_readwrite("prompts_first", &StepPolicy::prompts_first)
         .def_readwrite("last_prompt_token_alone", &StepPolicy::last_prompt_token_alone)
         .def_readwrite("max_decode_waits", &StepPolicy::max_decode_waits)
@@ -53,10 +54,14 @@ void register_step_plan(py::module_ & m) {
     m.def("resolve_step_policy", &resolve_step_policy, py::arg("output_on_gpu"), py::arg("kv_unified"),
           py::arg("memory_copies_by_position"), py::arg("share_prefixes"), py::arg("n_parallel"),
           py::arg("n_threads"));
+    m.def("streaming_step_policy", &streaming_step_policy, py::arg("policy"),
+          "An Engine's step policy over its context's (core/loop/step_policy.hpp).");
     m.attr("MAX_PADDED_GAP_GPU") = kMaxPaddedGapGpu;
     m.attr("STREAMING_DECODE_WAITS") = kStreamingDecodeWaits;
     m.attr("UNLIMITED_DECODE_WAITS") = kUnlimitedDecodeWaits;
     m.attr("REFILL_WAVE_DIVISOR") = kRefillWaveDivisor;
+    m.attr("STREAMING_WAVE_HOLD") = kStreamingWaveHold;
+    m.attr("UNLIMITED_WAVE_HOLD") = kUnlimitedWaveHold;
 
     py::class_<PlanInput>(m, "PlanInput", "One slot as the step planner sees it.")
         .def(py::init([](bool active, bool prefilling, bool waiting, size_t left, int32_t priority, uint64_t order) {

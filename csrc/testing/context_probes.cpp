@@ -42,6 +42,12 @@ std::vector<Completion> ContextTesting::generate_with_policy(Context & ctx, cons
     return ctx.generate(prompts, params);
 }
 
+std::unique_ptr<Engine> ContextTesting::engine_with_policy(std::shared_ptr<const Model> model,
+                                                           const ContextParams & params, int32_t max_queued,
+                                                           const StepPolicy & policy) {
+    return std::unique_ptr<Engine>(new Engine(std::make_unique<Context>(std::move(model), params), max_queued, policy));
+}
+
 void ContextTesting::set_allowed_sets(Context & ctx, bool on) {
     std::lock_guard<std::mutex> lock(ctx.mutex_);
     grammars(ctx).set_allowed_sets(on);

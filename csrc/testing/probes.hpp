@@ -13,6 +13,7 @@
 
 #include "core/base/params.hpp"
 #include "core/loop/context.hpp"
+#include "core/loop/engine.hpp"
 #include "core/loop/step_policy.hpp"
 #include "core/model/model.hpp"
 #include "core/sampling/token_chooser.hpp"
@@ -80,6 +81,10 @@ struct ContextTesting {
     static std::vector<Completion> generate_with_policy(Context & ctx, const std::vector<std::string> & texts,
                                                         const std::vector<GenerateParams> & params,
                                                         const StepPolicy & policy);
+    // An Engine over a new context whose worker runs with `policy` as it is (not the
+    // Engine's streaming_step_policy of it): a GPU's rules on a CPU, or another wave rule.
+    static std::unique_ptr<Engine> engine_with_policy(std::shared_ptr<const Model> model, const ContextParams & params,
+                                                      int32_t max_queued, const StepPolicy & policy);
     // Whether the context's constrained rows share allowed-token sets (GrammarCache's
     // option; on by default). Off: each refusal masks with the row's grammar alone.
     static void set_allowed_sets(Context & ctx, bool on);

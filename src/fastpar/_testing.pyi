@@ -5,7 +5,7 @@ from __future__ import annotations
 import collections.abc
 import fastpar._core
 import typing
-__all__: list[str] = ['MAX_PADDED_GAP_GPU', 'MIN_POOLED', 'MIN_POOLED_WORK', 'MIN_SHARED_PREFIX', 'MIN_SPLIT', 'PlanInput', 'PrefixSharing', 'REFILL_WAVE_DIVISOR', 'STREAMING_DECODE_WAITS', 'SharingView', 'StepPolicy', 'TextStream', 'UNLIMITED_DECODE_WAITS', 'allowed_sets', 'available_cpus', 'cgroup_cpu_quota', 'choose_way', 'choose_work', 'compare_masks', 'cpu_batch', 'cpus_within', 'device_serves', 'fail_engine_worker', 'generate_with_policy', 'gpu_batch', 'measure_grammar', 'plan_step', 'resolve_step_policy', 'rows_split', 'sample_against_llama', 'set_allowed_sets', 'set_cache_selective', 'stress_task_pool', 'thread_governor_decide']
+__all__: list[str] = ['MAX_PADDED_GAP_GPU', 'MIN_POOLED', 'MIN_POOLED_WORK', 'MIN_SHARED_PREFIX', 'MIN_SPLIT', 'PlanInput', 'PrefixSharing', 'REFILL_WAVE_DIVISOR', 'STREAMING_DECODE_WAITS', 'STREAMING_WAVE_HOLD', 'SharingView', 'StepPolicy', 'TextStream', 'UNLIMITED_DECODE_WAITS', 'UNLIMITED_WAVE_HOLD', 'allowed_sets', 'available_cpus', 'cgroup_cpu_quota', 'choose_way', 'choose_work', 'compare_masks', 'cpu_batch', 'cpus_within', 'device_serves', 'engine_with_policy', 'fail_engine_worker', 'generate_with_policy', 'gpu_batch', 'measure_grammar', 'plan_step', 'resolve_step_policy', 'rows_split', 'sample_against_llama', 'set_allowed_sets', 'set_cache_selective', 'streaming_step_policy', 'stress_task_pool', 'thread_governor_decide']
 class StepPolicy:
     """
     The step's CPU/GPU choices (core/loop/step_policy.hpp).
@@ -34,6 +34,12 @@ class StepPolicy:
         ...
     @max_padded_gap.setter
     def max_padded_gap(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def max_wave_hold(self) -> int:
+        ...
+    @max_wave_hold.setter
+    def max_wave_hold(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
         ...
     @property
     def pool_anticipate_us(self) -> int:
@@ -163,6 +169,10 @@ def device_serves(params: fastpar._core.GenerateParams) -> bool:
     """
     Whether device sampling may cut this request's rows down (DeviceSampling::serves).
     """
+def engine_with_policy(model: fastpar._core.Model, params: fastpar._core.ContextParams, max_queued: typing.SupportsInt | typing.SupportsIndex, policy: StepPolicy) -> fastpar._core.Engine:
+    """
+    A fastpar._core.Engine whose worker runs with `policy` as it is (a GPU's rules on a CPU).
+    """
 def fail_engine_worker(engine: fastpar._core.Engine, message: str) -> None:
     """
     For tests: the engine's worker throws Error(message) between two steps, as a failing step would (Engine::post).
@@ -200,6 +210,10 @@ def set_cache_selective(ctx: fastpar._core.Context, on: bool) -> None:
     Whether ctx's prefix cache saves sequences to host memory only while saved or unsaved ones are
     reused, as it does with its KV cache in GPU memory (ValueError without a cache).
     """
+def streaming_step_policy(policy: StepPolicy) -> StepPolicy:
+    """
+    An Engine's step policy over its context's (core/loop/step_policy.hpp).
+    """
 def stress_task_pool(n_workers: typing.SupportsInt | typing.SupportsIndex, runs: typing.SupportsInt | typing.SupportsIndex, caller_spin_us: typing.SupportsInt | typing.SupportsIndex = 0, anticipate_us: typing.SupportsInt | typing.SupportsIndex = 0) -> int:
     """
     Runs that broke the sampling pool's contract (testing.cpp, stress_task_pool).
@@ -215,6 +229,8 @@ MIN_SHARED_PREFIX: int = 16
 MIN_SPLIT: int = 2
 REFILL_WAVE_DIVISOR: int = 8
 STREAMING_DECODE_WAITS: int = 3
+STREAMING_WAVE_HOLD: int = 8
 UNLIMITED_DECODE_WAITS: int = 2147483647
+UNLIMITED_WAVE_HOLD: int = 9223372036854775807
 cpu_batch: int = 512
 gpu_batch: int = 2048

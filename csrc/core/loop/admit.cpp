@@ -116,20 +116,36 @@ void start_slot(Slot & slot, Request && request, std::vector<llama_token> tokens
     slot.state = SlotState::Prompt;
 }
 
+bool Scheduler::urgent_queued() const {
+    const int32_t head = queue_.front().priority();
+    return std::any_of(slots_.begin(), slots_.end(), [head](const std::unique_ptr<Slot> & s) {
+        return s->active() && s->request.priority() > head;
+    });
+}
+
 void Scheduler::admit() {
     if (queue_.empty()) {
         return;  // every step once the queue is drained: nothing to admit, no slots to count
     }
     const auto n_free = static_cast<size_t>(
         std::count_if(slots_.begin(), slots_.end(), [](const std::unique_ptr<Slot> & s) { return !s->active(); }));
-    // Refills in waves (step_policy.hpp): while sequences run, freed slots wait until a wave's
-    // worth of them (or one for each waiting prompt) is free. Only a generation context's
-    // batch calls have it (the Engine and an embeddings context clear it); their queue is in
-    // priority order from the start: no queued request is more urgent than a running one,
-    // so none is preempted and then held back.
-    if (n_free < slots_.size() && n_free < std::min(policy_.refill_wave, queue_.size())) {
+    if (n_free == 0) {
+        wave_hold_from_ = -1;
         return;
     }
+    // Refills in waves (step_policy.hpp): while sequences run, freed slots wait until a wave's
+    // worth of them (or one for each waiting prompt) is free, at most max_wave_hold decode
+    // calls (the Engine's bound on a first token's delay). The queue is in priority order:
+    // a request more urgent than a running one (one preempt() made room for) is not held.
+    if (n_free < slots_.size() && n_free < std::min(policy_.refill_wave, queue_.size()) && !urgent_queued()) {
+        if (wave_hold_from_ < 0) {
+            wave_hold_from_ = stats_.n_decode_calls;
+        }
+        if (stats_.n_decode_calls - wave_hold_from_ < policy_.max_wave_hold) {
+            return;
+        }
+    }
+    wave_hold_from_ = -1;
     // Tokenizing is most of what admitting a prompt costs, so the prompts about to take
     // the free slots are tokenized on the pool at once; llama_tokenize is thread-safe.
     std::vector<Tokenized> ahead;

@@ -162,7 +162,12 @@ void RequestHandle::notify() {
 // ---------------------------------------------------------------------------- Engine
 
 Engine::Engine(std::shared_ptr<const Model> model, const ContextParams & params, int32_t max_queued)
-    : ctx_(std::make_unique<Context>(std::move(model), params)), max_queued_(max_queued) {
+    : Engine(std::make_unique<Context>(std::move(model), params), max_queued, std::nullopt) {}
+
+Engine::Engine(std::unique_ptr<Context> ctx, int32_t max_queued, std::optional<StepPolicy> policy)
+    : ctx_(std::move(ctx)),
+      max_queued_(max_queued),
+      policy_(policy ? *policy : streaming_step_policy(ctx_->step_policy())) {
     // With no place in the queue, a request could never wait for a slot.
     if (max_queued < 1) {
         throw InvalidArgument("max_queued must be >= 1, got " + std::to_string(max_queued));
@@ -295,12 +300,7 @@ void Engine::account(Completion & c, bool started, bool cancelled) {
 
 void Engine::run() {
     try {
-        StepPolicy policy = ctx_->step_policy();
-        policy.max_decode_waits = kStreamingDecodeWaits;  // requests stream: keep running ones going
-        // A request is admitted as soon as a slot is free: waves would hold a freed slot back
-        // from a waiting client (its first token later), and were measured in batch calls only.
-        policy.refill_wave = 0;
-        ctx_->with_scheduler(loop_stats_, policy, [this](Scheduler & scheduler) {
+        ctx_->with_scheduler(loop_stats_, policy_, [this](Scheduler & scheduler) {
             try {
                 loop(scheduler);
             } catch (const std::exception & e) {

@@ -154,6 +154,9 @@ public:
     const Context & context() const { return *ctx_; }
 
 private:
+    friend struct ContextTesting;  // an engine with another step policy (a GPU's rules on a CPU)
+    // The worker's step policy is `policy`, or with none streaming_step_policy of the context's.
+    Engine(std::unique_ptr<Context> ctx, int32_t max_queued, std::optional<StepPolicy> policy);
     void run();
     void loop(Scheduler & scheduler);
     void fail(const std::string & what);
@@ -166,6 +169,7 @@ private:
 
     std::unique_ptr<Context> ctx_;
     const int32_t max_queued_;
+    const StepPolicy policy_;
     mutable std::mutex mutex_;
     std::condition_variable cv_;
     std::condition_variable room_;  // a request finished, or the engine closed

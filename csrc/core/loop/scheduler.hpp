@@ -131,6 +131,7 @@ private:
     void reap_cancelled();
     void choose_sampler(Slot & slot, const GenerateParams & params, uint32_t seed);
     void admit();  // admit.hpp has its parts
+    bool urgent_queued() const;  // the queue's first request more urgent than a running one
     // Preemption (preempt.cpp): a queued request more urgent than a running one takes its
     // slot; the running one is suspended and resumed later where it stopped.
     void preempt();
@@ -186,6 +187,8 @@ private:
     int32_t embedding_size_ = 0;   // SchedulerOptions::embedding_size
     int32_t embed_step_tokens_ = 0;  // SchedulerOptions::embed_step_tokens, resolved
     uint64_t n_admitted_ = 0;      // requests admitted so far: each slot's Slot::order
+    // stats_.n_decode_calls when a free slot began to wait for its wave; -1: none waits.
+    int64_t wave_hold_from_ = -1;
 };
 
 }  // namespace fastpar

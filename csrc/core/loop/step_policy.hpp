@@ -30,6 +30,13 @@ constexpr int32_t kUnlimitedDecodeWaits = std::numeric_limits<int32_t>::max();
 // A GPU's refill wave (StepPolicy::refill_wave) is this fraction of its slots: 32 of 256.
 constexpr int32_t kRefillWaveDivisor = 8;
 
+// For streaming (the Engine): a freed slot waits for its wave at most this many decode
+// calls, so a queued request's first token comes at most that many steps later than a
+// refill at once would give it. generate_parallel, where only the total time counts, waits
+// for whole waves (kUnlimitedWaveHold).
+constexpr int64_t kStreamingWaveHold = 8;
+constexpr int64_t kUnlimitedWaveHold = std::numeric_limits<int64_t>::max();
+
 struct StepPolicy {
     // Longest run of idle slots between decoding ones that a step pads (0: none).
     size_t max_padded_gap = 0;
@@ -41,7 +48,11 @@ struct StepPolicy {
     // many are free (or as many as wait), and compaction runs with prompts waiting too: the
     // refills come as one run of adjacent slots every few steps, not a scattered chunk or
     // two every step (docs/internals.md, "Refills in waves"). 0: each freed slot at once.
+    // A request more urgent than a running one is never held back for a wave.
     size_t refill_wave = 0;
+    // Decode calls a freed slot waits for its wave at most; then the waiting prompts take
+    // the free slots as they are.
+    int64_t max_wave_hold = kUnlimitedWaveHold;
     // Waiting prompts may take a whole batch while they fill it, the decoding slots
     // waiting (step_plan.hpp), at most max_decode_waits steps in a row.
     bool prompts_first = false;
@@ -96,6 +107,15 @@ inline StepPolicy resolve_step_policy(bool output_on_gpu, bool kv_unified, bool 
     policy.mask_workers = output_on_gpu ? std::max(0, n_threads - 1) : 0;
     policy.share_prefixes = share_prefixes && n_parallel > 1 && memory_copies_by_position;
     policy.share_samples = n_parallel > 1 && memory_copies_by_position;
+    return policy;
+}
+
+// An Engine's policy over its context's: its requests stream, so running sequences wait for
+// prompts at most kStreamingDecodeWaits steps in a row, and a freed slot waits for a wave
+// at most kStreamingWaveHold decode calls.
+inline StepPolicy streaming_step_policy(StepPolicy policy) {
+    policy.max_decode_waits = kStreamingDecodeWaits;
+    policy.max_wave_hold = kStreamingWaveHold;
     return policy;
 }
 
