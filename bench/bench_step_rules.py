@@ -158,13 +158,13 @@ def main() -> int:
     engines = {}
     for where in sorted({where for _, where, *_ in loads if isinstance(where, str)}):
         cp = _context_params(args.slots, n_ctx_per_seq, None, None, False)
-        if where == "engine":  # the Engine as shipped
+        if where == "engine" and args.n_gpu_layers != 0:  # the Engine as shipped
             engines[where] = _core.Engine(model._model, cp, args.prompts)
-        else:
+        else:  # on the CPU too, a GPU's rules
             rules = _testing.streaming_step_policy(policy())
             if where == "engine, refills at once":
                 rules.refill_wave = 0
-            else:
+            elif where == "engine, waves held without bound":
                 rules.max_wave_hold = _testing.UNLIMITED_WAVE_HOLD
             engines[where] = _testing.engine_with_policy(model._model, cp, args.prompts, rules)
         run_on_engine(engines[where], texts[:args.slots], [params(32)])  # warm-up
