@@ -18,7 +18,7 @@ at once and in waves of 16 and 64 beside the context's rules).
 
 --loads Engine adds the same loads through an Engine (every prompt submitted at once, as
 `bench/run.py`'s stage 9; the Engine's own rules, refills at once, and waves held without
-bound), each row with its ratio to the same load in one call (issue bar: 0.95).
+bound), each row with its ratio to the same load in one call.
 
 The loads take turns, --reps rounds. Printed per load: the median wall time, generated
 tokens/s (wall clock) and its ratio to the lockstep load's, llama_decode calls and ms a
@@ -125,7 +125,7 @@ def main() -> int:
             setattr(p, name, value)
         return p
 
-    # (name, where it runs: "ctx", "unified" or an engine's name, params, policy of a call)
+    # (name, where: False the context, True the unified one, or an engine's name; params; a call's policy)
     loads = [
         ("lockstep, the mean length", False, [params(mean)], policy()),
         ("own lengths", False, each, policy()),
