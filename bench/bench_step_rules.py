@@ -137,6 +137,8 @@ def main() -> int:
         ("own lengths, every gap padded", False, each, policy(max_padded_gap=1 << 30)),
         ("own lengths, no last-token rule", False, each, policy(last_prompt_token_alone=False)),
         ("own lengths, no prompts-first steps", False, each, policy(prompts_first=False)),
+        ("lockstep, chunks not padded to one length", False, [params(mean)], policy(equal_chunks=False)),
+        ("own lengths, chunks not padded to one length", False, each, policy(equal_chunks=False)),
         ("kv_unified: lockstep, the mean length", True, [params(mean)], policy(kv_unified=True)),
         ("kv_unified: own lengths", True, each, policy(kv_unified=True)),
         ("Engine: lockstep, the mean length", "engine", [params(mean)], None),

@@ -93,6 +93,7 @@ def test_running_sequences_move_into_freed_slots(model, solo, device_sampling):
                                               share_prefixes=True, n_parallel=c.n_parallel, n_threads=c.n_threads)
         assert policy.compact_slots and policy.max_padded_gap > 0
         policy.compact_slots = compact
+        policy.equal_chunks = False  # the prompts differ in length: only gaps are counted here
         results = _testing.generate_with_policy(c._ctx, prompts, params, policy)
         for r, prompt, m in zip(results, prompts, budgets):
             assert r.finish_reason == "length", r.error  # each runs to its budget: the gaps are as planned
@@ -153,6 +154,45 @@ def test_refills_in_waves(model, solo):
     assert calls[0, None] < calls[4, None], calls
     # A freed slot held at most one call (the Engine's bound, StepPolicy::max_wave_hold): in between.
     assert calls[0, None] <= calls[4, 1] < calls[4, None], calls
+
+
+def test_prompt_chunks_padded_to_one_length(model, solo):
+    """Under a GPU's rules prompts of different lengths in adjacent slots are padded to one
+    length with throw-away tokens after their chunks (StepPolicy::equal_chunks), so that
+    llama.cpp passes over them once. A throw-away token lies after its slot's real tokens,
+    which never attend to it, and is removed right after the call: every output is its solo
+    output with the rule on and off (on a GPU up to rounding: conftest.py), the padding is
+    counted, and the cache ends clean, a prefix-cached context's included."""
+    from fastpar import _testing
+
+    prompts = [f"{p} {MORE_PROMPTS[i]}" for i, p in enumerate(PROMPTS)]  # 8 prompts, 11-30 tokens
+    assert len({len(model.tokenize(p)) for p in prompts}) > 4
+    budgets = [6, 3, 8, 4, 5, 7, 2, 6]
+    params = greedy_params(budgets)
+    padding, calls = {}, {}
+    for cache_mib in (0, -1):
+        ctx = fastpar.Context(model, n_parallel=8, n_ctx_per_seq=256, prefix_cache_mib=cache_mib)
+        for on in (True, False):
+            policy = _testing.resolve_step_policy(output_on_gpu=True, kv_unified=False, memory_copies_by_position=True,
+                                                  share_prefixes=True, n_parallel=8, n_threads=ctx.n_threads)
+            assert policy.equal_chunks
+            policy.equal_chunks = on
+            results = _testing.generate_with_policy(ctx._ctx, prompts, params, policy)
+            for r, prompt, m in zip(results, prompts, budgets):
+                assert r.finish_reason == "length", r.error
+                assert_same_greedy(r, solo(prompt, m), f"{prompt!r}, equal_chunks={on}, prefix cache {cache_mib}")
+            assert_clean(ctx)
+            padding[cache_mib, on] = ctx.last_stats.n_padding_tokens
+            calls[cache_mib, on] = ctx.last_stats.n_decode_calls
+            ctx.clear_prefix_cache()
+    # The 8 prompts take one step: every chunk is padded to the longest.
+    n_tokens = [len(model.tokenize(p)) for p in prompts]
+    chunk_padding = sum(max(n_tokens) - n for n in n_tokens)
+    assert padding[0, True] >= chunk_padding and padding[-1, True] >= chunk_padding, padding
+    assert padding[0, False] < padding[0, True], padding
+    # With room in the batch, padding adds no call: a throw-away token left behind would make
+    # the slot's next call fail (its positions no longer consecutive) and be retried.
+    assert calls[0, True] == calls[0, False] and calls[-1, True] == calls[-1, False], calls
 
 
 def test_isolation_with_unified_kv(model, solo):

@@ -13,8 +13,9 @@ def decoding():
     return T.PlanInput(active=True)
 
 
-def prompt(left, waiting=False, order=0, priority=0):
-    return T.PlanInput(active=True, prefilling=True, waiting=waiting, left=left, order=order, priority=priority)
+def prompt(left, waiting=False, order=0, priority=0, room=2**32):
+    return T.PlanInput(active=True, prefilling=True, waiting=waiting, left=left, order=order, priority=priority,
+                       room=room)
 
 
 def idle():
@@ -95,7 +96,7 @@ def test_a_padded_slot_with_a_prompt_chunk_is_not_padding():
 
 
 def test_prompts_first_take_the_batch_while_prompts_fill_it():
-    policy = gpu_policy()
+    policy = gpu_policy(equal_chunks=False)  # chunks padded to one length: tested below
     # 2 decoding slots and 30 prompt tokens ready, n_batch 32: 30 >= 32 - 2, prompts first.
     # (Prompts of two lengths: each leaves its last token for a later step.)
     slots = [decoding(), decoding(), prompt(20), prompt(10)]
@@ -196,6 +197,52 @@ def test_prompts_go_oldest_first_the_most_urgent_before_them():
     assert T.plan_step(slots, cpu_policy(), n_batch=12)["n_plan"] == [9, 0, 3]
 
 
+def test_prompt_chunks_of_adjacent_slots_are_padded_to_one_length():
+    # llama.cpp passes over adjacent slots only as many tokens a slot as the shortest chunk
+    # has: chunks of 29, 24 and 27 tokens would take four passes. Padded (throw-away tokens
+    # after the shorter ones), the run is one.
+    policy = gpu_policy(prompts_first=False)
+    plan = T.plan_step([decoding(), prompt(30), prompt(25), prompt(28), decoding()], policy, n_batch=128)
+    assert plan["n_plan"] == [1, 29, 24, 27, 1]  # each leaves its last token for the next step
+    assert plan["n_pad_tokens"] == [0, 0, 5, 2, 0]
+    assert plan["n_tokens"] == 82 + 7
+    # A chunk far longer than the others keeps a pass of its own: the run is padded up to the
+    # longest length whose throw-away tokens number at most the run's real ones, and at most
+    # CHUNK_PADDING_PER_PASS for each shorter length (each a pass saved).
+    plan = T.plan_step([prompt(200), prompt(10), prompt(12)], policy, n_batch=512)
+    assert plan["n_plan"] == [199, 9, 11] and plan["n_pad_tokens"] == [0, 2, 0]
+    per_pass = T.CHUNK_PADDING_PER_PASS
+    plan = T.plan_step([prompt(per_pass + 11), prompt(11)], policy, n_batch=1024)
+    assert plan["n_pad_tokens"] == [0, per_pass]
+    plan = T.plan_step([prompt(per_pass + 12), prompt(11)], policy, n_batch=1024)
+    assert plan["n_pad_tokens"] == [0, 0]
+    # One token a slot (decoding, a last prompt token, padding) ends a run: llama.cpp's first
+    # pass takes one token from each adjacent slot anyway.
+    plan = T.plan_step([prompt(8), decoding(), prompt(6), prompt(1), prompt(4)], policy, n_batch=64)
+    assert plan["n_plan"] == [7, 1, 5, 1, 3] and plan["n_pad_tokens"] == [0, 0, 0, 0, 0]
+    # Throw-away tokens need room in the slot's KV buffer: here only up to 20 tokens.
+    slots = [prompt(30), prompt(20, room=20), prompt(10)]
+    assert T.plan_step(slots, policy, n_batch=128)["n_pad_tokens"] == [0, 0, 10]
+    slots[1].room = 29
+    assert T.plan_step(slots, policy, n_batch=128)["n_pad_tokens"] == [0, 10, 20]
+    # No room in the batch: the run's highest chunk waits for the next step, or its lowest
+    # where the highest is the prompt that goes first (the oldest).
+    policy = gpu_policy(prompts_first=False, last_prompt_token_alone=False)
+    plan = T.plan_step([prompt(10, order=0), prompt(8, order=1)], policy, n_batch=18)
+    assert plan["n_plan"] == [10, 0] and plan["n_pad_tokens"] == [0, 0]
+    plan = T.plan_step([prompt(8, order=1), prompt(10, order=0)], policy, n_batch=18)
+    assert plan["n_plan"] == [0, 10] and plan["n_pad_tokens"] == [0, 0]
+    plan = T.plan_step([prompt(10, order=0), prompt(8, order=1), prompt(9, order=2)], policy, n_batch=29)
+    assert plan["n_plan"] == [10, 8, 0] and plan["n_pad_tokens"] == [0, 2, 0]
+    # Prompts first, a full batch: the chunk the padding leaves no room for waits a step.
+    plan = T.plan_step([decoding(), decoding(), prompt(20), prompt(10)], gpu_policy(), n_batch=32)
+    assert plan["prompts_first"] and plan["n_plan"] == [0, 0, 19, 0]
+    # The CPU policy, or a rule turned off, pads nothing.
+    for policy in (cpu_policy(), gpu_policy(equal_chunks=False)):
+        plan = T.plan_step([prompt(30), prompt(25), prompt(28)], policy, n_batch=128)
+        assert plan["n_pad_tokens"] == [0, 0, 0]
+
+
 @pytest.mark.parametrize("gpu", [False, True])
 def test_budget_is_never_exceeded_and_every_rule_holds(gpu):
     rng = random.Random(5)
@@ -207,11 +254,31 @@ def test_budget_is_never_exceeded_and_every_rule_holds(gpu):
             kind = rng.randrange(4)
             slots.append(idle() if kind == 0 else decoding() if kind == 1 else
                          prompt(rng.randint(1, 60), waiting=kind == 3 and rng.random() < 0.5,
-                                order=rng.randrange(100), priority=rng.randint(-1, 1)))
+                                order=rng.randrange(100), priority=rng.randint(-1, 1), room=rng.randint(60, 100)))
         policy = gpu_policy(max_padded_gap=rng.randint(0, 6)) if gpu else cpu_policy()
         plan = T.plan_step(slots, policy, n_batch=n_batch, decode_waits=rng.randint(0, 4))
-        n_plan, pad = plan["n_plan"], plan["pad"]
-        assert sum(n_plan) == plan["n_tokens"] <= n_batch
+        n_plan, pad, chunk_pads = plan["n_plan"], plan["pad"], plan["n_pad_tokens"]
+        assert sum(n_plan) + sum(chunk_pads) == plan["n_tokens"] <= n_batch
+        # Throw-away tokens follow a prompt chunk of several tokens, within the slot's room;
+        # each run of such chunks is padded to one length, with at most as many as it has.
+        run = []
+        for i in range(n + 1):
+            if i < n and slots[i].prefilling and not pad[i] and n_plan[i] > 1:
+                run.append(i)
+                continue
+            if run:
+                padded = {n_plan[j] + chunk_pads[j] for j in run if chunk_pads[j]}
+                shorter = {n_plan[j] for j in run if chunk_pads[j]}
+                assert len(padded) <= 1 and sum(chunk_pads[j] for j in run) <= sum(n_plan[j] for j in run)
+                assert sum(chunk_pads[j] for j in run) <= T.CHUNK_PADDING_PER_PASS * len(shorter)
+                assert all(n_plan[j] + chunk_pads[j] <= slots[j].room for j in run)
+                if padded:  # every shorter chunk reaches that length, a longer one keeps its own
+                    target = padded.pop()
+                    assert all(n_plan[j] + chunk_pads[j] == target or not chunk_pads[j] and n_plan[j] > target
+                               for j in run)
+            run = []
+        assert all(k == 0 or s.prefilling and not p and n_plan[i] > 1
+                   for i, (s, k, p) in enumerate(zip(slots, chunk_pads, pad)))
         # Every step makes progress while some slot can.
         if any(s.active and not s.waiting for s in slots):
             assert plan["n_tokens"] > sum(pad), (slots, n_batch, plan)

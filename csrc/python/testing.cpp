@@ -45,6 +45,7 @@ void register_step_plan(py::module_ & m) {
         .def_readwrite("max_wave_hold", &StepPolicy::max_wave_hold)
         .def_readwrite("prompts_first", &StepPolicy::prompts_first)
         .def_readwrite("last_prompt_token_alone", &StepPolicy::last_prompt_token_alone)
+        .def_readwrite("equal_chunks", &StepPolicy::equal_chunks)
         .def_readwrite("max_decode_waits", &StepPolicy::max_decode_waits)
         .def_readwrite("split_rows", &StepPolicy::split_rows)
         .def_readwrite("mask_workers", &StepPolicy::mask_workers)
@@ -58,13 +59,15 @@ void register_step_plan(py::module_ & m) {
           "An Engine's step policy over its context's (core/loop/step_policy.hpp).");
     m.attr("MAX_PADDED_GAP_GPU") = kMaxPaddedGapGpu;
     m.attr("STREAMING_DECODE_WAITS") = kStreamingDecodeWaits;
+    m.attr("CHUNK_PADDING_PER_PASS") = kChunkPaddingPerPass;
     m.attr("UNLIMITED_DECODE_WAITS") = kUnlimitedDecodeWaits;
     m.attr("REFILL_WAVE_DIVISOR") = kRefillWaveDivisor;
     m.attr("STREAMING_WAVE_HOLD") = kStreamingWaveHold;
     m.attr("UNLIMITED_WAVE_HOLD") = kUnlimitedWaveHold;
 
     py::class_<PlanInput>(m, "PlanInput", "One slot as the step planner sees it.")
-        .def(py::init([](bool active, bool prefilling, bool waiting, size_t left, int32_t priority, uint64_t order) {
+        .def(py::init([](bool active, bool prefilling, bool waiting, size_t left, int32_t priority, uint64_t order,
+                         size_t room) {
                  PlanInput s;
                  s.active = active;
                  s.prefilling = prefilling;
@@ -72,16 +75,18 @@ void register_step_plan(py::module_ & m) {
                  s.left = left;
                  s.priority = priority;
                  s.order = order;
+                 s.room = room;
                  return s;
              }),
              py::arg("active") = false, py::arg("prefilling") = false, py::arg("waiting") = false,
-             py::arg("left") = 0, py::arg("priority") = 0, py::arg("order") = 0)
+             py::arg("left") = 0, py::arg("priority") = 0, py::arg("order") = 0, py::arg("room") = SIZE_MAX)
         .def_readwrite("active", &PlanInput::active)
         .def_readwrite("prefilling", &PlanInput::prefilling)
         .def_readwrite("waiting", &PlanInput::waiting)
         .def_readwrite("left", &PlanInput::left)
         .def_readwrite("priority", &PlanInput::priority)
-        .def_readwrite("order", &PlanInput::order);
+        .def_readwrite("order", &PlanInput::order)
+        .def_readwrite("room", &PlanInput::room);
     m.def(
         "plan_step",
         [](const std::vector<PlanInput> & slots, const StepPolicy & policy, int32_t n_batch, int32_t decode_waits) {
@@ -90,19 +95,23 @@ void register_step_plan(py::module_ & m) {
             py::dict out;
             std::vector<int32_t> n_plan;
             std::vector<bool> pad;
+            std::vector<int32_t> n_pad_tokens;
             for (const SlotPlan & p : plan.slots) {
                 n_plan.push_back(p.n_plan);
                 pad.push_back(p.pad);
+                n_pad_tokens.push_back(p.n_pad_tokens);
             }
             out["n_plan"] = n_plan;
             out["pad"] = pad;
+            out["n_pad_tokens"] = n_pad_tokens;
             out["decode_waits"] = plan.decode_waits;
             out["prompts_first"] = plan.prompts_first;
             out["n_tokens"] = plan.n_tokens;
             return out;
         },
         py::arg("slots"), py::arg("policy"), py::arg("n_batch"), py::arg("decode_waits") = 0,
-        "core/loop/step_plan.hpp's plan_step: a dict of n_plan and pad per slot, decode_waits, prompts_first, n_tokens.");
+        "core/loop/step_plan.hpp's plan_step: a dict of n_plan, pad and n_pad_tokens per slot, decode_waits, "
+        "prompts_first, n_tokens.");
     m.def(
         "generate_with_policy",
         [](Context & ctx, const std::vector<std::string> & texts, const std::vector<GenerateParams> & params,

@@ -5,12 +5,13 @@ from __future__ import annotations
 import collections.abc
 import fastpar._core
 import typing
-__all__: list[str] = ['MAX_PADDED_GAP_GPU', 'MIN_POOLED', 'MIN_POOLED_WORK', 'MIN_SHARED_PREFIX', 'MIN_SPLIT', 'PlanInput', 'PrefixSharing', 'REFILL_WAVE_DIVISOR', 'STREAMING_DECODE_WAITS', 'STREAMING_WAVE_HOLD', 'SharingView', 'StepPolicy', 'TextStream', 'UNLIMITED_DECODE_WAITS', 'UNLIMITED_WAVE_HOLD', 'allowed_sets', 'available_cpus', 'cgroup_cpu_quota', 'choose_way', 'choose_work', 'compare_masks', 'cpu_batch', 'cpus_within', 'device_serves', 'engine_with_policy', 'fail_engine_worker', 'generate_with_policy', 'gpu_batch', 'measure_grammar', 'plan_step', 'resolve_step_policy', 'rows_split', 'sample_against_llama', 'set_allowed_sets', 'set_cache_selective', 'streaming_step_policy', 'stress_task_pool', 'thread_governor_decide']
+__all__: list[str] = ['CHUNK_PADDING_PER_PASS', 'MAX_PADDED_GAP_GPU', 'MIN_POOLED', 'MIN_POOLED_WORK', 'MIN_SHARED_PREFIX', 'MIN_SPLIT', 'PlanInput', 'PrefixSharing', 'REFILL_WAVE_DIVISOR', 'STREAMING_DECODE_WAITS', 'STREAMING_WAVE_HOLD', 'SharingView', 'StepPolicy', 'TextStream', 'UNLIMITED_DECODE_WAITS', 'UNLIMITED_WAVE_HOLD', 'allowed_sets', 'available_cpus', 'cgroup_cpu_quota', 'choose_way', 'choose_work', 'compare_masks', 'cpu_batch', 'cpus_within', 'device_serves', 'engine_with_policy', 'fail_engine_worker', 'generate_with_policy', 'gpu_batch', 'measure_grammar', 'plan_step', 'resolve_step_policy', 'rows_split', 'sample_against_llama', 'set_allowed_sets', 'set_cache_selective', 'streaming_step_policy', 'stress_task_pool', 'thread_governor_decide']
 class StepPolicy:
     """
     The step's CPU/GPU choices (core/loop/step_policy.hpp).
     """
     compact_slots: bool
+    equal_chunks: bool
     last_prompt_token_alone: bool
     prompts_first: bool
     share_prefixes: bool
@@ -60,7 +61,7 @@ class PlanInput:
     active: bool
     prefilling: bool
     waiting: bool
-    def __init__(self, active: bool = False, prefilling: bool = False, waiting: bool = False, left: typing.SupportsInt | typing.SupportsIndex = 0, priority: typing.SupportsInt | typing.SupportsIndex = 0, order: typing.SupportsInt | typing.SupportsIndex = 0) -> None:
+    def __init__(self, active: bool = False, prefilling: bool = False, waiting: bool = False, left: typing.SupportsInt | typing.SupportsIndex = 0, priority: typing.SupportsInt | typing.SupportsIndex = 0, order: typing.SupportsInt | typing.SupportsIndex = 0, room: typing.SupportsInt | typing.SupportsIndex = 18446744073709551615) -> None:
         ...
     @property
     def left(self) -> int:
@@ -79,6 +80,12 @@ class PlanInput:
         ...
     @priority.setter
     def priority(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def room(self) -> int:
+        ...
+    @room.setter
+    def room(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
         ...
 class SharingView:
     """
@@ -187,7 +194,7 @@ def measure_grammar(model: fastpar._core.Model, params: fastpar._core.GeneratePa
     """
 def plan_step(slots: collections.abc.Sequence[PlanInput], policy: StepPolicy, n_batch: typing.SupportsInt | typing.SupportsIndex, decode_waits: typing.SupportsInt | typing.SupportsIndex = 0) -> dict:
     """
-    core/loop/step_plan.hpp's plan_step: a dict of n_plan and pad per slot, decode_waits, prompts_first, n_tokens.
+    core/loop/step_plan.hpp's plan_step: a dict of n_plan, pad and n_pad_tokens per slot, decode_waits, prompts_first, n_tokens.
     """
 def resolve_step_policy(output_on_gpu: bool, kv_unified: bool, memory_copies_by_position: bool, share_prefixes: bool, n_parallel: typing.SupportsInt | typing.SupportsIndex, n_threads: typing.SupportsInt | typing.SupportsIndex) -> StepPolicy:
     ...
@@ -222,6 +229,7 @@ def thread_governor_decide(threads: typing.SupportsInt | typing.SupportsIndex, m
     """
     ThreadGovernor's rule on one window (core/threads/thread_governor.hpp): the next thread count.
     """
+CHUNK_PADDING_PER_PASS: int = 256
 MAX_PADDED_GAP_GPU: int = 32
 MIN_POOLED: int = 8
 MIN_POOLED_WORK: int = 262144

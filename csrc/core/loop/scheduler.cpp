@@ -279,6 +279,7 @@ void Scheduler::step() {
         p.prefilling = s.prefilling();
         p.waiting = s.state == SlotState::Waiting;
         p.left = s.prompt.size() - s.n_fed;
+        p.room = static_cast<size_t>(std::max<int64_t>(0, static_cast<int64_t>(n_ctx_seq_) - s.n_past));
         p.priority = s.request.priority();
         p.order = s.order;
     }
@@ -288,6 +289,7 @@ void Scheduler::step() {
     for (size_t i = 0; i < slots_.size(); ++i) {
         Slot & s = *slots_[i];
         s.pad = plan_.slots[i].pad;
+        s.n_pad_tokens = plan_.slots[i].n_pad_tokens;
         if (plan_.slots[i].n_plan > 0) {
             s.n_plan = plan_.slots[i].n_plan;
             group.push_back(&s);
@@ -337,6 +339,10 @@ void Scheduler::decode_group(std::vector<Slot *> group) {
                 }
             }
             n_prompt_tokens += s->n_plan;
+            for (int32_t j = 0; j < s->n_pad_tokens; ++j) {  // any token: removed after the call
+                batch_add(batch_, 0, s->n_past + s->n_plan + j, s->seq, false);
+            }
+            n_padding += s->n_pad_tokens;
         } else {
             s->i_logits = batch_add(batch_, s->pending, s->n_past, s->seq, true);
             ++n_gen_tokens;
@@ -371,6 +377,9 @@ void Scheduler::decode_group(std::vector<Slot *> group) {
         for (Slot * s : group) {
             if (s->pad) {
                 llama_memory_seq_rm(mem_, s->seq, pad_position(*s), -1);
+            } else if (s->n_pad_tokens > 0) {
+                llama_memory_seq_rm(mem_, s->seq, s->n_past + s->n_plan, -1);
+                s->n_pad_tokens = 0;
             }
         }
         group.erase(std::remove_if(group.begin(), group.end(),

@@ -62,6 +62,7 @@ struct Slot {
     int32_t n_plan = 0;        // tokens this slot adds to the batch
     int32_t i_logits = -1;     // batch index whose logits this slot samples, or -1
     bool pad = false;          // adds one throw-away token only, to keep the step one pass
+    int32_t n_pad_tokens = 0;  // throw-away tokens after its prompt chunk (StepPolicy::equal_chunks)
 
     bool active() const { return state != SlotState::Idle; }
     // Still has prompt tokens to decode (n_fed < prompt.size()).

@@ -3,6 +3,62 @@
 #include <algorithm>
 
 namespace fastpar {
+namespace {
+
+// Equal chunks (step_plan.hpp) over slots [lo, hi), adjacent and each with a prompt chunk;
+// `budget`: what the batch has left; `first`: the slot whose prompt goes first this step,
+// which never waits for room (else it could wait for ever).
+void equalize_run(const std::vector<PlanInput> & slots, StepPlan & out, size_t lo, size_t hi, size_t first,
+                  int32_t & budget) {
+    auto & chunks = out.run_chunks;
+    while (hi - lo >= 2) {
+        chunks.clear();
+        int64_t real = 0;
+        for (size_t i = lo; i < hi; ++i) {
+            chunks.emplace_back(out.slots[i].n_plan, slots[i].room);
+            real += out.slots[i].n_plan;
+        }
+        std::sort(chunks.begin(), chunks.end());
+        // The longest length worth padding to: throw-away tokens at most the real ones and
+        // kChunkPaddingPerPass for each shorter length (a pass saved), in the room of every
+        // chunk shorter than it. All only tighten as the length grows.
+        int32_t target = 0;
+        int64_t pads = 0, n_shorter = 0, sum_shorter = 0, lengths_shorter = 0;
+        size_t room_shorter = SIZE_MAX;
+        for (size_t k = 0; k < chunks.size(); ++lengths_shorter) {
+            const int32_t len = chunks[k].first;
+            const int64_t p = static_cast<int64_t>(len) * n_shorter - sum_shorter;
+            if (p > real || p > kChunkPaddingPerPass * lengths_shorter || static_cast<size_t>(len) > room_shorter) {
+                break;
+            }
+            target = len;
+            pads = p;
+            for (; k < chunks.size() && chunks[k].first == len; ++k) {
+                ++n_shorter;
+                sum_shorter += len;
+                room_shorter = std::min(room_shorter, chunks[k].second);
+            }
+        }
+        if (pads == 0) {
+            return;  // one length already, or no length worth padding to
+        }
+        if (pads <= budget) {
+            for (size_t i = lo; i < hi; ++i) {
+                SlotPlan & p = out.slots[i];
+                p.n_pad_tokens = p.n_plan < target ? target - p.n_plan : 0;
+            }
+            budget -= static_cast<int32_t>(pads);
+            return;
+        }
+        // No room in the batch: the run's highest chunk (its lowest, if the highest goes
+        // first) waits for the next step.
+        const size_t drop = hi - 1 != first ? --hi : lo++;
+        budget += out.slots[drop].n_plan;
+        out.slots[drop].n_plan = 0;
+    }
+}
+
+}  // namespace
 
 void plan_step(const std::vector<PlanInput> & slots, const StepPolicy & policy, int32_t n_batch,
                int32_t decode_waits, StepPlan & out) {
@@ -103,6 +159,24 @@ void plan_step(const std::vector<PlanInput> & slots, const StepPolicy & policy, 
                 --p.n_plan;
                 ++budget;
             }
+        }
+    }
+    if (policy.equal_chunks) {
+        const size_t first = queue.empty() ? SIZE_MAX : queue.front();
+        // A slot adding one token (a decoding slot, a prompt's last token, padding) ends a run:
+        // llama.cpp's first pass over adjacent slots takes one token from each anyway.
+        auto chunk = [&](size_t i) { return slots[i].prefilling && !out.slots[i].pad && out.slots[i].n_plan > 1; };
+        for (size_t lo = 0; lo < n;) {
+            if (!chunk(lo)) {
+                ++lo;
+                continue;
+            }
+            size_t hi = lo + 1;
+            while (hi < n && chunk(hi)) {
+                ++hi;
+            }
+            equalize_run(slots, out, lo, hi, first, budget);
+            lo = hi;
         }
     }
     out.n_tokens = n_batch - budget;

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "core/loop/step_policy.hpp"
@@ -17,6 +18,7 @@ struct PlanInput {
     bool prefilling = false;  // still has prompt tokens to decode (else: decodes one token)
     bool waiting = false;     // leaves its prompt prefix to another slot this step (prefix_sharing.hpp)
     size_t left = 0;          // prompt tokens still to decode
+    size_t room = SIZE_MAX;   // KV cells its buffer has free: its chunk and throw-away tokens fit in them
     // Which prompt's chunk goes first: the lower priority value (the more urgent), then the
     // earlier admitted (Slot::order), then the lower slot.
     int32_t priority = 0;
@@ -27,6 +29,7 @@ struct PlanInput {
 struct SlotPlan {
     int32_t n_plan = 0;  // tokens the slot adds to the batch (0: not in this step)
     bool pad = false;    // adds one throw-away token only, to keep the step one forward pass
+    int32_t n_pad_tokens = 0;  // throw-away tokens after its prompt chunk (policy.equal_chunks)
 };
 
 struct StepPlan {
@@ -35,6 +38,7 @@ struct StepPlan {
     bool prompts_first = false;   // this step the decoding slots wait for the prompts
     int32_t n_tokens = 0;         // tokens in the batch, at most n_batch
     std::vector<size_t> prompt_queue;  // scratch: the prompts ready this step, first to go first
+    std::vector<std::pair<int32_t, size_t>> run_chunks;  // scratch: a run's chunk lengths and rooms
 };
 
 // The rules, in order:
@@ -49,6 +53,13 @@ struct StepPlan {
 //   prompts end one after another and each generates beside the later ones' chunks, where
 //   taking turns ended them all together (docs/internals.md, "A step"). A padded slot that
 //   gets a chunk is no longer padding.
+// - Equal chunks (policy.equal_chunks): each run of adjacent slots with prompt chunks of
+//   more than one token and of different lengths is padded with throw-away tokens after
+//   the shorter chunks up to the longest length L whose throw-away tokens number at most
+//   the run's real ones and kChunkPaddingPerPass for each shorter length, and fit in every
+//   padded slot's buffer; chunks longer than L stay as they are. Where the batch has no
+//   room for them, the run's highest chunks (or its lowest, if the highest goes first) wait
+//   for the next step.
 // `out` is reused from step to step (no allocation once it has grown to the slots).
 void plan_step(const std::vector<PlanInput> & slots, const StepPolicy & policy, int32_t n_batch,
                int32_t decode_waits, StepPlan & out);

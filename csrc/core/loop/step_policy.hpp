@@ -20,6 +20,12 @@ namespace fastpar {
 // step stays one pass. On a CPU a token costs about as much as a pass's fixed part.
 constexpr size_t kMaxPaddedGapGpu = 32;
 
+// Equal chunks pad a run of prompt chunks at most this many throw-away tokens for each
+// shorter length they bring up to the target (each such length costs llama.cpp a pass
+// more): a pass's fixed cost on a GPU (graph, launches, a read of the weights) is worth
+// hundreds of tokens of a small model and still a few hundred of a 7B one.
+constexpr int64_t kChunkPaddingPerPass = 256;
+
 // For streaming (the Engine): decoding slots let new prompts go first at most this many
 // steps in a row, so a running sequence still gets a token at least every
 // kStreamingDecodeWaits + 1 steps. generate_parallel, where only the total time counts,
@@ -67,6 +73,12 @@ struct StepPolicy {
     // arrays a row with device sampling), single-threaded: on a GPU with 256 slots and
     // outputs of different lengths, more time than the decodes (docs/internals.md).
     bool last_prompt_token_alone = false;
+    // Prompt chunks of adjacent slots that differ in length are padded with throw-away
+    // tokens (no logits, removed right after) to one length (step_plan.hpp). llama.cpp
+    // passes over a run of slots only as many tokens a slot as its shortest chunk has, then
+    // over what is left, so 54 chunks of 31-41 tokens took 40 passes, 218-413 ms on an
+    // H100 (docs/internals.md, "Equal chunks").
+    bool equal_chunks = false;
     // Fewer than kMinPooled whole rows may have their first pass split over the pool's
     // threads (token_chooser.hpp): rows a GPU has just copied out, read from memory.
     bool split_rows = false;
@@ -99,6 +111,7 @@ inline StepPolicy resolve_step_policy(bool output_on_gpu, bool kv_unified, bool 
     policy.refill_wave = policy.compact_slots ? static_cast<size_t>(std::max(1, n_parallel / kRefillWaveDivisor)) : 0;
     policy.prompts_first = gpu_slot_buffers;
     policy.last_prompt_token_alone = gpu_slot_buffers;
+    policy.equal_chunks = gpu_slot_buffers && memory_copies_by_position;
     policy.max_decode_waits = kUnlimitedDecodeWaits;
     policy.split_rows = output_on_gpu && n_threads > 1;
     // On a GPU the pool's cores are idle while a step runs there: its workers wake ahead
