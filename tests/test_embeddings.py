@@ -45,17 +45,11 @@ def llama_embedding(model_path: str, texts, pooling: str, n_threads: int) -> np.
     cmd = [llama_tool("llama-embedding"), "-m", model_path, "-p", "\n".join(texts),
            "--pooling", pooling, "--embd-normalize", "2", "--embd-output-format", "json",
            "-c", "2048", "-b", "2048", "-ub", "2048", "-t", str(n_threads), "-ngl", str(N_GPU_LAYERS)]
-    # llama-embedding prints through llama.cpp's asynchronous logger, which is not flushed at
-    # exit (common/log.cpp leaks it on purpose), so now and then its stdout loses its tail
-    # (seen once in CI: the JSON cut off mid-array): such a run is run again.
-    for attempt in range(3):
-        out = subprocess.run(cmd, capture_output=True, text=True, check=True)
-        try:
-            doc = json.loads(out.stdout[out.stdout.index("{"):])
-            break
-        except json.JSONDecodeError:
-            if attempt == 2:
-                raise
+    # llama-embedding prints through llama.cpp's asynchronous logger, which its main() left
+    # mid-queue at exit (a fifth of runs cut the JSON short); scripts/llama-patches/0004 makes
+    # it write the queue out first, so one run's JSON is whole.
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    doc = json.loads(out.stdout[out.stdout.index("{"):])
     return np.array([d["embedding"] for d in sorted(doc["data"], key=lambda d: d["index"])], dtype=np.float32)
 
 
