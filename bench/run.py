@@ -222,6 +222,8 @@ def batched_bench(binary, model_path, n_par, pl, gl, runs, threads, gpu, shared=
         cmd = [c for c in cmd if c != "-no-kvu"] + ["-pps", "-kvu"]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     rows = [ln for ln in out.splitlines() if ln.startswith("|") and ln.split("|")[1].strip().isdigit()]
+    if len(rows) != runs:  # a row lost from the tool's output would silently drop a run from the baseline
+        raise RuntimeError(f"llama-batched-bench printed {len(rows)} result rows, asked for {runs}:\n{out}")
     return [tuple(float(row.strip("|").split("|")[k]) for k in (4, 6, 8)) for row in rows]
 
 
