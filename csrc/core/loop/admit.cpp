@@ -315,10 +315,20 @@ void Scheduler::reuse_cached(Slot & slot) {
     const size_t limit = slot.scoring.on() ? 0 : slot.prompt.size() - 1;
     const std::vector<llama_token> & held = cache_->held(seq);
     size_t n = cache_->reusable(std::min(common_prefix(held, slot.prompt), limit));
-    const CacheMatch host = cache_->longest_on_host(slot.prompt, limit);
-    const bool from_host = cache_->host_beats(host, n);
+    CacheMatch host = cache_->longest_on_host(slot.prompt, limit);
+    bool from_host = cache_->host_beats(host, n);
     if (n < held.size() && cache_->worth_saving(seq, from_host ? 0 : n)) {
+        if (from_host) {
+            cache_->touch(host.host);  // the entry about to be restored is evicted last
+        }
         cache_->save(ctx_, seq);  // what this slot held beyond n stays cached in host memory
+        if (from_host) {
+            // The save dropped entries (superseded, or evicted for room), which moves the
+            // others: restoring by the old index gave a prompt another prompt's KV. Look
+            // again; the entry is gone only if the budget cannot hold it beside the new one.
+            host = cache_->longest_on_host(slot.prompt, limit);
+            from_host = cache_->host_beats(host, n);
+        }
     }
     if (from_host) {
         llama_memory_seq_rm(mem_, slot.seq, -1, -1);

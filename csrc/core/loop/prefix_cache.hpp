@@ -89,8 +89,11 @@ public:
     void note_prompt(const std::vector<llama_token> & prompt, size_t got);
     // Moves slot `seq`'s held sequence to host memory (its KV stays, for the caller to reuse
     // or clear), evicting least recently used entries to stay within the budget. Returns
-    // false if it did not fit or llama.cpp gave no state.
+    // false if it did not fit or llama.cpp gave no state. Entries it drops move the others:
+    // a host index found before it is stale after it.
     bool save(llama_context * ctx, size_t seq);
+    // Marks host entry `host` the most recently used, so that a save evicts it last.
+    void touch(int32_t host) { host_[static_cast<size_t>(host)].last_used = ++clock_; }
     // Slot `seq`'s held sequence leaves the device for good (nothing of it is kept there):
     // saved first if worth_saving(seq, 0), then released. The caller clears the KV.
     void let_go(llama_context * ctx, size_t seq);
