@@ -212,6 +212,17 @@ def test_v1_embeddings_through_the_openai_client(model):
         mixed = httpx.post(url + "/v1/embeddings", json={"input": [texts[0], ""]}).json()
         assert mixed["data"][1]["embedding"] is None and "empty" in mixed["data"][1]["error"]["message"]
         assert len(mixed["data"][0]["embedding"]) == want.shape[1]
+        # One bad text among 100 fails alone: a per-item error in OpenAI's shape, the rest embedded.
+        hundred = [texts[i % len(texts)] for i in range(100)]
+        hundred[42] = ""
+        data = httpx.post(url + "/v1/embeddings", json={"input": hundred, "encoding_format": "float"},
+                          timeout=120).json()["data"]
+        assert [d["index"] for d in data] == list(range(100))
+        assert data[42]["embedding"] is None and "empty" in data[42]["error"]["message"]
+        good = [i for i in range(100) if i != 42]
+        assert all("error" not in data[i] for i in good)
+        rows = np.array([data[i]["embedding"] for i in good])
+        assert cosine(rows, want[[i % len(texts) for i in good]]).min() >= COS_SHAPES  # other batch shapes
         for body, why in (({"input": [""]}, "input 0: text is empty"), ({"input": []}, "'input' must be"),
                           ({"input": "x", "dimensions": 8}, "cannot be shortened"),
                           ({"input": "x", "encoding_format": "hex"}, "'encoding_format'")):
@@ -242,12 +253,16 @@ def test_fastpar_run_answers_embedding_lines(model, tmp_path):
     lines.append(json.dumps({"custom_id": "half", "method": "POST", "url": "/v1/embeddings",
                              "body": {"input": [texts[0], ""]}}))
     lines.append(json.dumps({"custom_id": "empty", "method": "POST", "url": "/v1/embeddings", "body": {"input": ""}}))
+    hundred = [texts[i % len(texts)] for i in range(100)]
+    hundred[42] = ""
+    lines.append(json.dumps({"custom_id": "hundred", "method": "POST", "url": "/v1/embeddings",
+                             "body": {"input": hundred}}))
     lines.append(_batch_line("gen"))
     src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     src.write_text("\n".join(lines) + "\n")
     cmd = _batch_cmd(model, src, out, "--n-parallel", "4", "--embeddings")
     first = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    assert first.returncode == 1 and "6 answered, 2 failed" in first.stderr.splitlines()[-1], first.stderr
+    assert first.returncode == 1 and "7 answered, 2 failed" in first.stderr.splitlines()[-1], first.stderr
     got = _records(out)
     for i in range(4):
         body = got[f"e{i}"]["response"]["body"]
@@ -257,11 +272,17 @@ def test_fastpar_run_answers_embedding_lines(model, tmp_path):
     assert cosine(np.array(pair), want[4:]).min() >= COS_SHAPES
     half = got["half"]["response"]["body"]["data"]
     assert half[0]["embedding"] is not None and half[1]["embedding"] is None and "empty" in half[1]["error"]["message"]
+    # One bad text among 100 in a line fails alone; the line is answered.
+    data = got["hundred"]["response"]["body"]["data"]
+    assert data[42]["embedding"] is None and "empty" in data[42]["error"]["message"]
+    good = [i for i in range(100) if i != 42]
+    rows = np.array([data[i]["embedding"] for i in good])
+    assert cosine(rows, want[[i % len(texts) for i in good]]).min() >= COS_SHAPES
     assert got["empty"]["response"]["status_code"] == 400
     assert got["gen"]["error"]["message"] == "a generation line: run without --embeddings to answer it"
     again = subprocess.run(_batch_cmd(model, src, out, "--n-parallel", "4"), capture_output=True, text=True,
                            timeout=300)
-    assert "1 answered, 1 failed, 6 already in" in again.stderr.splitlines()[-1], again.stderr
+    assert "1 answered, 1 failed, 7 already in" in again.stderr.splitlines()[-1], again.stderr
     assert _records(out)["gen"]["response"]["status_code"] == 200
 
 

@@ -194,14 +194,15 @@ def test_embed_task_gives_an_embeddings_column(ray_cluster, model):
     import ray
     from fastpar.ray import FastparPredictor, FastparProcessorConfig, build_processor
 
-    texts = [f"{p} ({i})" for i, p in enumerate(MORE_PROMPTS)] + [""]
+    # One bad text (the last) among 100.
+    texts = [f"{MORE_PROMPTS[i % len(MORE_PROMPTS)]} ({i})" for i in range(99)] + [""]
     want = fastpar.embed(fastpar.Context(model, n_parallel=4, embeddings=True), texts)
     config = FastparProcessorConfig(model.path, n_parallel=4, n_gpu_layers=N_GPU_LAYERS, task="embed",
-                                    batch_size=5, max_concurrent_batches=2)
+                                    batch_size=25, max_concurrent_batches=2)
     rows = [{"prompt": t, "row": i} for i, t in enumerate(texts)]
     for out in (build_processor(config)(ray.data.from_items(rows)).take_all(),
                 ray.data.from_items(rows).map_batches(FastparPredictor, fn_constructor_kwargs={"config": config},
-                                                      concurrency=1, num_cpus=1, batch_size=5).take_all()):
+                                                      concurrency=1, num_cpus=1, batch_size=25).take_all()):
         by_row = {r["row"]: r for r in out}
         assert sorted(by_row) == list(range(len(texts)))
         bad = by_row[len(texts) - 1]

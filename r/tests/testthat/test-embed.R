@@ -29,6 +29,14 @@ test_that("a text that cannot be embedded fails alone, and contexts are made for
   errors <- attr(rows, "errors")
   expect_true(is.na(errors[1]) && is.na(errors[3]))
   expect_match(errors[2], "empty")
+  # One bad text among 100 fails alone.
+  hundred <- sprintf("Sentence number %d is about the sea.", 1:100)
+  hundred[42] <- ""
+  rows <- embed(ctx, hundred)
+  errors <- attr(rows, "errors")
+  expect_true(all(is.na(rows[42, ])) && all(is.finite(rows[-42, ])))
+  expect_match(errors[42], "empty")
+  expect_true(all(is.na(errors[-42])))
   e <- tryCatch(embed(test_context(), "Hello"), error = function(e) e)
   expect_s3_class(e, "fastpar_error")
   expect_match(conditionMessage(e), "made for generation")
