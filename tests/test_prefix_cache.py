@@ -158,7 +158,54 @@ def test_multi_turn_chat_through_the_server_equals_the_cache_off(model):
         for (before, _), (_, n_cached) in zip(cached, cached[2:]):
             assert n_cached >= before - 1, cached
         assert on_engine.prefix_cache_stats().n_tokens_reused == sum(c for _, c in cached)
+        # POST /prefix-cache/clear empties it (what it held, answered); the next turn starts cold.
+        import httpx
+        r = httpx.post(on_url + "/prefix-cache/clear")
+        assert r.status_code == 200 and r.json()["cleared"] and r.json()["slots_held"] == 2, r.text
+        s = on_engine.prefix_cache_stats()
+        assert (s.n_slots_held, s.n_host_entries, s.bytes_host) == (0, 0, 0), s
+        assert_empty(on_engine)
+        _, _, (_, n_cached) = answer(on, convs[0] + [{"role": "user", "content": QUESTIONS[0]}])
+        assert n_cached == 0
+    # With an API key, clearing needs it, as /v1/* do.
+    with fastpar.Engine(model, n_parallel=1, prefix_cache_mib=-1) as engine, \
+            running(create_app(engine, api_key="k")) as url:
+        assert httpx.post(url + "/prefix-cache/clear").status_code == 401
+        assert httpx.post(url + "/prefix-cache/clear", headers={"Authorization": "Bearer k"}).status_code == 200
         assert_clean(on_engine)
+
+
+def test_fastpar_run_reuses_the_cache_across_lines(model, tmp_path):
+    """`fastpar run --prefix-cache-mib -1` through one slot: each line after the first starts
+    from the system prompt the one before left (usage's cached_tokens), and answers as the
+    cache off does."""
+    import json
+    import subprocess
+    from types import SimpleNamespace
+
+    from test_server import _batch_cmd, _records
+
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"custom_id": f"q{i}", "method": "POST", "url": "/v1/completions",
+                                       "body": {"prompt": SYSTEM + q, "max_tokens": 8, "temperature": 0,
+                                                "logprobs": 1}}) + "\n" for i, q in enumerate(QUESTIONS[:4])))
+    runs = {}
+    for mib in ("-1", "0"):
+        out = tmp_path / f"out{mib}.jsonl"
+        proc = subprocess.run(_batch_cmd(model, src, out, "--n-parallel", "1", "--prefix-cache-mib", mib),
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        runs[mib] = [_records(out)[f"q{i}"]["response"]["body"] for i in range(4)]
+    n_system = len(model.tokenize(SYSTEM))
+    cached = [b["usage"]["prompt_tokens_details"]["cached_tokens"] for b in runs["-1"]]
+    assert cached[0] == 0 and all(c >= n_system - 2 for c in cached[1:]), cached
+    assert all(b["usage"]["prompt_tokens_details"]["cached_tokens"] == 0 for b in runs["0"])
+
+    def completion(body):
+        lp = body["choices"][0]["logprobs"]
+        return SimpleNamespace(finish_reason="length", error=None, token_ids=lp["tokens"], logprobs=lp["token_logprobs"])
+
+    _same([completion(b) for b in runs["-1"]], [completion(b) for b in runs["0"]], "fastpar run")
 
 
 def test_reuse_is_exact_in_the_same_batch_shapes(model):

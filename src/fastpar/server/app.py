@@ -326,8 +326,8 @@ def create_app(engine: Union[Engine, Callable[[], Engine]], *, model_name: Optio
     samples) may wait for a slot before a request that would add to them is answered 429
     (default: the engine's own ``max_queued``, which always applies). ``model_name``: the name ``/v1/models``
     lists and responses carry (default: the GGUF file's name); requests may name any
-    model. ``api_key``: when set, ``/v1/*`` need ``Authorization: Bearer <api_key>``
-    (else 401); ``/health`` and ``/metrics`` stay open. ``limits``: what one request may ask
+    model. ``api_key``: when set, ``/v1/*`` and ``POST /prefix-cache/clear`` need
+    ``Authorization: Bearer <api_key>`` (else 401); ``/health`` and ``/metrics`` stay open. ``limits``: what one request may ask
     (``fastpar.server.protocol.Limits``: body size, ``n``, prompts, ``max_tokens``).
     ``stream_interval``: a streamed choice's text goes out in events of at least this many
     tokens (its first token and its last come at once; a stream with tools or a split
@@ -597,6 +597,22 @@ def create_app(engine: Union[Engine, Callable[[], Engine]], *, model_name: Optio
         return JSONResponse({"status": "ok", "model": state.model_name, "slots_busy": s.n_active,
                              "slots_total": state.engine.n_parallel, "queue_depth": s.n_queued})
 
+    async def clear_prefix_cache(request: HTTPRequest) -> Response:
+        # An operator's reset (to free the host memory it holds, or after changing what a
+        # prompt means): empties the prefix cache between steps, running requests go on; the
+        # API key guards it as /v1/*. Off the event loop: it waits for the step in progress.
+        try:
+            state.check_key(request)
+            if state.stopping:
+                raise _shutting_down()
+            engine = state.ready()
+        except APIError as e:
+            return _error(e)
+        before = engine.prefix_cache_stats()
+        await asyncio.get_running_loop().run_in_executor(None, engine.clear_prefix_cache)
+        return JSONResponse({"cleared": True, "host_entries": before.n_host_entries, "host_bytes": before.bytes_host,
+                             "slots_held": before.n_slots_held})
+
     async def metrics_endpoint(request: HTTPRequest) -> Response:
         return Response(prometheus_client.generate_latest(metrics.registry),
                         media_type=prometheus_client.CONTENT_TYPE_LATEST)
@@ -611,6 +627,7 @@ def create_app(engine: Union[Engine, Callable[[], Engine]], *, model_name: Optio
         Route("/v1/models", models, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics_endpoint, methods=["GET"]),
+        Route("/prefix-cache/clear", clear_prefix_cache, methods=["POST"]),
     ]
 
     async def http_error(request: HTTPRequest, exc: Exception) -> Response:
