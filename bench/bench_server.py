@@ -9,7 +9,9 @@ every request asks for its tokens with ignore_eos). The users are spread over se
 many (--client-procs): one Python process parsing every stream would limit the load itself.
 Both servers run the same model with the same slots; llama-server (built from
 vendor/llama.cpp, bench/run.py build_baselines) is tried with each setting in
-LLAMA_SERVER_SETTINGS and its fastest is the baseline. fastpar serve runs at its defaults
+LLAMA_SERVER_SETTINGS and its fastest is the baseline ("default": its defaults, the prompt
+cache on; "no-prompt-cache" sends cache_prompt false with each request, the setting of the
+tables before 2026-12-07). fastpar serve runs at its defaults
 (its prefix cache on, as llama-server's prompt cache is) and with --prefix-cache-mib 0;
 the in-process Engine has the server's default cache. Each measurement is the median of
 --reps repetitions, the servers taking turns within a repetition.
@@ -70,7 +72,12 @@ except ImportError as e:
 
 # llama-server settings tried; the fastest is the baseline. --cache-ram 0 turns off its
 # prompt cache in host memory (every prompt here is new).
-LLAMA_SERVER_SETTINGS = {"default": [], "cache-ram-0": ["--cache-ram", "0"]}
+# name: (llama-server's arguments, fields each request adds). Its defaults keep each slot's
+# prompt (cache_prompt, per request) and a host-memory prompt cache (--cache-ram); the
+# no-prompt-cache settings turn the first off, as the tables before 2026-12-07 did.
+LLAMA_SERVER_SETTINGS = {"default": ([], {}), "cache-ram-0": (["--cache-ram", "0"], {}),
+                         "no-prompt-cache": ([], {"cache_prompt": False}),
+                         "cache-ram-0-no-prompt-cache": (["--cache-ram", "0"], {"cache_prompt": False})}
 FASTPAR_CACHE_OFF = "fastpar serve --prefix-cache-mib 0"
 
 
@@ -107,11 +114,12 @@ def llama_server(binary: str, model: str, n_par: int, n_ctx: int, threads: int, 
 
 # ----------------------------------------------------------------------------- the load
 
-def body_of(req: dict) -> dict:
+def body_of(req: dict, fields: dict | None = None) -> dict:
     """One request, the same for both servers: greedy (top_k 1, llama-server's cheapest way
-    to the most likely token), ignore_eos, the usage in the last chunk."""
+    to the most likely token), ignore_eos, the usage in the last chunk; `fields`: a server
+    setting's own (LLAMA_SERVER_SETTINGS)."""
     b = dict(model="m", max_tokens=req["gen"], temperature=0.0, stream=True, stream_options={"include_usage": True},
-             extra_body={"top_k": 1, "ignore_eos": True, "cache_prompt": False})
+             extra_body={"top_k": 1, "ignore_eos": True, **(fields or {})})
     if "messages" in req:
         b["messages"] = req["messages"]
     else:
@@ -243,7 +251,7 @@ async def raw_stream(url: str, b: dict) -> dict:
     return dict(ttft=first if first is not None else time.perf_counter() - t0, gen=gen, prompt=prompt)
 
 
-async def _users(url: str, requests: list, users: int, client: str = "openai") -> dict:
+async def _users(url: str, requests: list, users: int, client: str = "openai", fields: dict | None = None) -> dict:
     """`users` users of one client sending `requests`, each its next when its last ends;
     client "openai" (the openai package) or "raw" (raw_stream)."""
     async with async_client(url, users) as oa:
@@ -252,7 +260,7 @@ async def _users(url: str, requests: list, users: int, client: str = "openai") -
 
         async def user():
             while queue:
-                b = body_of(queue.pop())
+                b = body_of(queue.pop(), fields)
                 r = await (stream(oa, b) if client == "openai" else raw_stream(url, b))
                 gen[0] += r["gen"]
                 prompt[0] += r["prompt"]
@@ -262,19 +270,19 @@ async def _users(url: str, requests: list, users: int, client: str = "openai") -
         return dict(gen=gen[0], prompt=prompt[0], ttfts=ttfts, end=time.monotonic())
 
 
-def _client_process(url: str, requests: list, users: int, client: str, ready, start, out) -> None:
+def _client_process(url: str, requests: list, users: int, client: str, fields, ready, start, out) -> None:
     """One client process of http_load: its share of the users, started with the others. A
     failure goes back as {"error": ...}, so that the parent raises it rather than waits."""
     ready.put(True)
     start.wait()
     try:
-        out.put(asyncio.run(_users(url, requests, users, client)))
+        out.put(asyncio.run(_users(url, requests, users, client, fields)))
     except Exception as err:  # noqa: BLE001 - any failure ends this client's share of the load
         out.put({"error": f"{type(err).__name__}: {err}"})
 
 
 def http_load(url: str, requests: list, users: int, procs: int, client: str = "openai",
-              on_start=None, on_end=None) -> dict:
+              on_start=None, on_end=None, fields: dict | None = None) -> dict:
     """The users spread over `procs` client processes (their requests dealt round-robin),
     so that the client's own parsing of the streams is not what limits the load: the openai
     client takes about as much CPU a chunk as a server takes to send it (client "raw":
@@ -288,14 +296,14 @@ def http_load(url: str, requests: list, users: int, procs: int, client: str = "o
         if procs <= 1:
             on_start()
             t0 = time.monotonic()
-            parts = [asyncio.run(_users(url, requests, users, client))]
+            parts = [asyncio.run(_users(url, requests, users, client, fields))]
             on_end()
         else:
             mp = multiprocessing.get_context("spawn")
             ready, out, start = mp.Queue(), mp.Queue(), mp.Event()
             shares = [users // procs + (p < users % procs) for p in range(procs)]
             workers = [mp.Process(target=_client_process, daemon=True,
-                                  args=(url, requests[p::procs], shares[p], client, ready, start, out))
+                                  args=(url, requests[p::procs], shares[p], client, fields, ready, start, out))
                        for p in range(procs)]
             for w in workers:
                 w.start()
@@ -470,10 +478,12 @@ def main() -> int:
                 path, slots, n_ctx, args.threads, ["--stream-interval", str(args.stream_interval)])
         if args.kv_unified:
             servers["fastpar serve --kv-unified"] = fastpar_server(path, slots, n_ctx, args.threads, ["--kv-unified"])
-        for setting, extra in LLAMA_SERVER_SETTINGS.items():
+        fields = {}  # a server's own request fields
+        for setting, (extra, request_fields) in LLAMA_SERVER_SETTINGS.items():
             if setting in args.llama_settings.split(","):
                 servers[f"llama-server {setting}"] = llama_server(tools["llama-server"], path, slots, n_ctx,
                                                                   args.threads, extra)
+                fields[f"llama-server {setting}"] = request_fields
         try:
             with fastpar.Engine(models[path], n_parallel=slots, n_ctx_per_seq=n_ctx, n_threads=args.threads,
                                 prefix_cache_mib=SERVE_PREFIX_CACHE_MIB) as e:
@@ -489,7 +499,8 @@ def main() -> int:
                             if who == "Engine in-process":
                                 r = asyncio.run(engine_load(e, reqs, users))
                             else:
-                                r = http_load(servers[who].url, reqs, users, procs, args.client)
+                                r = http_load(servers[who].url, reqs, users, procs, args.client,
+                                              fields=fields.get(who))
                         except (openai.APIError, ServerError) as err:  # a setting the server fails with: reported
                             failed[who] = f"{type(err).__name__}: {err}"
                             print(f"  {who}: failed: {failed[who]}", flush=True)

@@ -162,7 +162,7 @@ void plan_step(const std::vector<PlanInput> & slots, const StepPolicy & policy, 
         }
     }
     if (policy.equal_chunks) {
-        const size_t first = queue.empty() ? SIZE_MAX : queue.front();
+        const size_t oldest = queue.empty() ? SIZE_MAX : queue.front();
         // A slot adding one token (a decoding slot, a prompt's last token, padding) ends a run:
         // llama.cpp's first pass over adjacent slots takes one token from each anyway.
         auto chunk = [&](size_t i) { return slots[i].prefilling && !out.slots[i].pad && out.slots[i].n_plan > 1; };
@@ -175,7 +175,7 @@ void plan_step(const std::vector<PlanInput> & slots, const StepPolicy & policy, 
             while (hi < n && chunk(hi)) {
                 ++hi;
             }
-            equalize_run(slots, out, lo, hi, first, budget);
+            equalize_run(slots, out, lo, hi, oldest, budget);
             lo = hi;
         }
     }
