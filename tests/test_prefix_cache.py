@@ -203,7 +203,8 @@ def test_fastpar_run_reuses_the_cache_across_lines(model, tmp_path):
 
     def completion(body):
         lp = body["choices"][0]["logprobs"]
-        return SimpleNamespace(finish_reason="length", error=None, token_ids=lp["tokens"], logprobs=lp["token_logprobs"])
+        return SimpleNamespace(finish_reason="length", error=None, token_ids=lp["tokens"],
+                               logprobs=lp["token_logprobs"])
 
     _same([completion(b) for b in runs["-1"]], [completion(b) for b in runs["0"]], "fastpar run")
 

@@ -327,8 +327,9 @@ def create_app(engine: Union[Engine, Callable[[], Engine]], *, model_name: Optio
     (default: the engine's own ``max_queued``, which always applies). ``model_name``: the name ``/v1/models``
     lists and responses carry (default: the GGUF file's name); requests may name any
     model. ``api_key``: when set, ``/v1/*`` and ``POST /prefix-cache/clear`` need
-    ``Authorization: Bearer <api_key>`` (else 401); ``/health`` and ``/metrics`` stay open. ``limits``: what one request may ask
-    (``fastpar.server.protocol.Limits``: body size, ``n``, prompts, ``max_tokens``).
+    ``Authorization: Bearer <api_key>`` (else 401); ``/health`` and ``/metrics`` stay open.
+    ``limits``: what one request may ask (``fastpar.server.protocol.Limits``: body size,
+    ``n``, prompts, ``max_tokens``).
     ``stream_interval``: a streamed choice's text goes out in events of at least this many
     tokens (its first token and its last come at once; a stream with tools or a split
     thought sends what its parser gives); larger values make fewer events and less work a
