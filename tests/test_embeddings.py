@@ -178,6 +178,24 @@ def test_engine_embeds_texts_from_many_threads(model):
             generating.submit_embedding("Hello")
 
 
+def hundred_with_one_empty(texts: list) -> list:
+    """100 inputs cycling through `texts`, number 42 empty."""
+    hundred = [texts[i % len(texts)] for i in range(100)]
+    hundred[42] = ""
+    return hundred
+
+
+def assert_only_the_empty_one_failed(data: list, want) -> None:
+    """OpenAI-shaped entries for hundred_with_one_empty(texts), `want` the texts' rows: entry
+    42 has a null embedding and its error, every other one its text's vector (within the
+    rounding of other batch shapes) and no error."""
+    assert data[42]["embedding"] is None and "empty" in data[42]["error"]["message"]
+    good = [i for i in range(100) if i != 42]
+    assert all("error" not in data[i] for i in good)
+    rows = np.array([data[i]["embedding"] for i in good])
+    assert cosine(rows, want[[i % len(want) for i in good]]).min() >= COS_SHAPES
+
+
 def test_v1_embeddings_through_the_openai_client(model):
     """OpenAI's schema through its own client (which asks for base64 and decodes it), plain
     floats and token arrays, per-item errors, concurrent clients, and the refusals."""
@@ -213,16 +231,10 @@ def test_v1_embeddings_through_the_openai_client(model):
         assert mixed["data"][1]["embedding"] is None and "empty" in mixed["data"][1]["error"]["message"]
         assert len(mixed["data"][0]["embedding"]) == want.shape[1]
         # One bad text among 100 fails alone: a per-item error in OpenAI's shape, the rest embedded.
-        hundred = [texts[i % len(texts)] for i in range(100)]
-        hundred[42] = ""
-        data = httpx.post(url + "/v1/embeddings", json={"input": hundred, "encoding_format": "float"},
-                          timeout=120).json()["data"]
+        data = httpx.post(url + "/v1/embeddings", json={"input": hundred_with_one_empty(texts),
+                                                        "encoding_format": "float"}, timeout=120).json()["data"]
         assert [d["index"] for d in data] == list(range(100))
-        assert data[42]["embedding"] is None and "empty" in data[42]["error"]["message"]
-        good = [i for i in range(100) if i != 42]
-        assert all("error" not in data[i] for i in good)
-        rows = np.array([data[i]["embedding"] for i in good])
-        assert cosine(rows, want[[i % len(texts) for i in good]]).min() >= COS_SHAPES  # other batch shapes
+        assert_only_the_empty_one_failed(data, want)
         for body, why in (({"input": [""]}, "input 0: text is empty"), ({"input": []}, "'input' must be"),
                           ({"input": "x", "dimensions": 8}, "cannot be shortened"),
                           ({"input": "x", "encoding_format": "hex"}, "'encoding_format'")):
@@ -253,10 +265,8 @@ def test_fastpar_run_answers_embedding_lines(model, tmp_path):
     lines.append(json.dumps({"custom_id": "half", "method": "POST", "url": "/v1/embeddings",
                              "body": {"input": [texts[0], ""]}}))
     lines.append(json.dumps({"custom_id": "empty", "method": "POST", "url": "/v1/embeddings", "body": {"input": ""}}))
-    hundred = [texts[i % len(texts)] for i in range(100)]
-    hundred[42] = ""
     lines.append(json.dumps({"custom_id": "hundred", "method": "POST", "url": "/v1/embeddings",
-                             "body": {"input": hundred}}))
+                             "body": {"input": hundred_with_one_empty(texts)}}))
     lines.append(_batch_line("gen"))
     src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     src.write_text("\n".join(lines) + "\n")
@@ -273,11 +283,7 @@ def test_fastpar_run_answers_embedding_lines(model, tmp_path):
     half = got["half"]["response"]["body"]["data"]
     assert half[0]["embedding"] is not None and half[1]["embedding"] is None and "empty" in half[1]["error"]["message"]
     # One bad text among 100 in a line fails alone; the line is answered.
-    data = got["hundred"]["response"]["body"]["data"]
-    assert data[42]["embedding"] is None and "empty" in data[42]["error"]["message"]
-    good = [i for i in range(100) if i != 42]
-    rows = np.array([data[i]["embedding"] for i in good])
-    assert cosine(rows, want[[i % len(texts) for i in good]]).min() >= COS_SHAPES
+    assert_only_the_empty_one_failed(got["hundred"]["response"]["body"]["data"], want)
     assert got["empty"]["response"]["status_code"] == 400
     assert got["gen"]["error"]["message"] == "a generation line: run without --embeddings to answer it"
     again = subprocess.run(_batch_cmd(model, src, out, "--n-parallel", "4"), capture_output=True, text=True,
