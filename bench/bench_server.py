@@ -70,11 +70,11 @@ try:
 except ImportError as e:
     sys.exit(f"bench_server.py needs the openai client: pip install openai ({e})")
 
-# llama-server settings tried; the fastest is the baseline. --cache-ram 0 turns off its
-# prompt cache in host memory (every prompt here is new).
-# name: (llama-server's arguments, fields each request adds). Its defaults keep each slot's
-# prompt (cache_prompt, per request) and a host-memory prompt cache (--cache-ram); the
-# no-prompt-cache settings turn the first off, as the tables before 2026-12-07 did.
+# llama-server settings tried, the fastest the baseline; name: (llama-server's arguments,
+# fields each request adds). Its defaults keep each slot's prompt (cache_prompt, per request)
+# and a prompt cache in host memory, which --cache-ram 0 turns off (every W1/W4 prompt is
+# new); the no-prompt-cache settings send cache_prompt false, as the tables before
+# 2026-12-07 did.
 LLAMA_SERVER_SETTINGS = {"default": ([], {}), "cache-ram-0": (["--cache-ram", "0"], {}),
                          "no-prompt-cache": ([], {"cache_prompt": False}),
                          "cache-ram-0-no-prompt-cache": (["--cache-ram", "0"], {"cache_prompt": False})}
