@@ -1,5 +1,6 @@
 """fastpar.embed: one pooled vector per text, held against llama.cpp's own llama-embedding,
-for a decoder (the default model) and an encoder (a BERT-kind model made at test time)."""
+for a decoder (the default model) and encoders (BERT-kind and nomic-bert models made at test
+time)."""
 
 from __future__ import annotations
 
@@ -63,6 +64,18 @@ def bert(bert_path) -> fastpar.Model:
     return fastpar.Model(bert_path, n_gpu_layers=N_GPU_LAYERS)
 
 
+@pytest.fixture(scope="module")
+def nomic(tmp_path_factory) -> fastpar.Model:
+    """nomic-embed's kind (rotary positions, fused QKV, gated SiLU; mean pooling)."""
+    path = make_bert(tmp_path_factory.mktemp("nomic") / "nomic-mean.gguf", pooling="mean", arch="nomic-bert")
+    return fastpar.Model(str(path), n_gpu_layers=N_GPU_LAYERS)
+
+
+@pytest.fixture
+def encoder(request, bert, nomic) -> fastpar.Model:
+    return {"bert": bert, "nomic-bert": nomic}[request.param]
+
+
 @pytest.mark.parametrize("pooling", ["mean", "last"])
 def test_decoder_rows_equal_llama_embedding(model, pooling):
     # Five texts on four slots: the fifth is decoded alone, where llama-embedding decodes all
@@ -77,26 +90,30 @@ def test_decoder_rows_equal_llama_embedding(model, pooling):
     assert_empty(ctx)
 
 
-@pytest.mark.parametrize("pooling", [None, "mean"])
-def test_encoder_rows_equal_llama_embedding(bert, pooling):
-    ctx = fastpar.Context(bert, n_parallel=4, embeddings=True, pooling=pooling)
-    assert ctx.pooling == (pooling or "cls")  # None: the model's own (its GGUF says cls)
+@pytest.mark.parametrize("encoder, pooling, own", [("bert", None, "cls"), ("bert", "mean", "cls"),
+                                                  ("nomic-bert", None, "mean"), ("nomic-bert", "cls", "mean")],
+                         indirect=["encoder"])
+def test_encoder_rows_equal_llama_embedding(encoder, pooling, own):
+    ctx = fastpar.Context(encoder, n_parallel=4, embeddings=True, pooling=pooling)
+    assert ctx.pooling == (pooling or own)  # None: the model's own (its GGUF's)
     ours = fastpar.embed(ctx, TEXTS)
-    theirs = llama_embedding(bert.path, TEXTS, ctx.pooling, ctx.n_threads)
+    theirs = llama_embedding(encoder.path, TEXTS, ctx.pooling, ctx.n_threads)
     assert ours.errors == {} and ours.shape == theirs.shape == (len(TEXTS), 64)
     assert cosine(ours, theirs).min() >= COS, cosine(ours, theirs)
+    # The bound tells texts apart: different texts' rows are 10x further apart than it allows.
+    assert cosine(ours[:1], ours[1:]).max() < 1 - 10 * (1 - COS)
 
 
-@pytest.mark.parametrize("which", ["decoder", "encoder"])
-def test_a_batch_of_many_equals_each_text_alone(model, bert, which):
-    m = model if which == "decoder" else bert
+@pytest.mark.parametrize("which", ["decoder", "bert", "nomic-bert"])
+def test_a_batch_of_many_equals_each_text_alone(model, bert, nomic, which):
+    m = {"decoder": model, "bert": bert, "nomic-bert": nomic}[which]
     texts = [f"{p} ({i})" * (1 + i % 4) for i, p in enumerate(MORE_PROMPTS + MORE_PROMPTS)]
     ctx = fastpar.Context(m, n_parallel=8, embeddings=True)
     many = fastpar.embed(ctx, texts)
     # Several steps, refilled: more texts than slots and than one batch holds at once.
     assert ctx.last_stats.n_decode_calls > 1 and ctx.last_stats.n_prompts == len(texts)
     alone = np.stack([fastpar.embed(ctx, [t])[0] for t in texts])
-    assert cosine(many, alone).min() >= (COS if which == "encoder" else COS_SHAPES)
+    assert cosine(many, alone).min() >= (COS_SHAPES if which == "decoder" else COS)
     assert_empty(ctx)
 
 
