@@ -233,6 +233,41 @@ def test_reuse_is_exact_in_the_same_batch_shapes(model):
     assert on.prefix_cache_stats().n_restored >= 4 - first and all(c.n_prompt_tokens_cached > 40 for c in got[first:])
 
 
+def test_a_short_suffix_after_a_long_prefix_decodes_the_tiled_kernels_rows(model):
+    """On a CPU, a prompt that finds ~1,100 tokens in the cache (from an earlier call, or
+    copied from a slot of the same call) and has a few dozen left decodes 65 (the row count
+    of llama.cpp's tiled attention kernel, plus one) rather than its suffix alone, which
+    that many rows over a long prefix compute a row at a time at several times the cost;
+    a suffix of a few tokens still decodes alone (internals.md, "The prefix cache"). A GPU
+    never widens: its kernels choose otherwise. Outputs stay within CLOSE of the cache off."""
+    system = SYSTEM * 8
+    documents = [" ".join(f"{w}{i}" for w in ("apple", "river", "stone", "cloud", "bread", "lamp", "field"))
+                 + f" Which of these words appear twice? ({i})" for i in range(4)]
+    on, off = _ctx(model, n_ctx_per_seq=2048), _ctx(model, n_ctx_per_seq=2048, prefix_cache_mib=0)
+    n_system = len(model.tokenize(system))
+    assert n_system > 1000
+    # Within one call the first prompt decodes the system prompt and the others copy it.
+    first = fastpar.generate_parallel(on, [system + d for d in documents], max_tokens=8, **GREEDY)
+    _same(first, fastpar.generate_parallel(off, [system + d for d in documents], max_tokens=8, **GREEDY),
+          "one call, shared")
+    copied = [c for c in first if c.n_prompt_tokens_shared > 0]
+    assert copied
+    # Across calls the cache serves the system prompt, and the suffixes are new.
+    later = [system + "Again: " + d for d in documents]
+    got = fastpar.generate_parallel(on, later, max_tokens=8, **GREEDY)
+    _same(got, fastpar.generate_parallel(off, later, max_tokens=8, **GREEDY), "a later call")
+    short = fastpar.generate_parallel(on, [system + "Hi."], max_tokens=4, **GREEDY)[0]
+    for c, p in zip(got, later):
+        n = len(model.tokenize(p))
+        assert 20 < n - n_system < 65  # a suffix below the tiled kernel's rows
+        assert c.n_prompt_tokens_cached + c.n_prompt_tokens == n
+        assert c.n_prompt_tokens_cached >= n_system - 2 if ON_GPU else c.n_prompt_tokens == 65, c.n_prompt_tokens
+    for c in copied:
+        assert c.n_prompt_tokens < 65 if ON_GPU else c.n_prompt_tokens == 65, c.n_prompt_tokens
+    assert short.n_prompt_tokens < 8 and short.n_prompt_tokens_cached >= n_system - 2
+    assert_clean(on)
+
+
 def test_engine_under_concurrent_load_equals_the_cache_off(model):
     results = {}
 

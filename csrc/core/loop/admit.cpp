@@ -298,6 +298,30 @@ size_t Scheduler::cached_for(const std::vector<llama_token> & prompt, size_t lon
     return cache_->host_beats(host, n) ? host.n : n;
 }
 
+// Where a prompt with `n_cached` tokens in the cache starts decoding. On a CPU a suffix
+// of fewer than kCpuTiledAttentionRows tokens is that many query rows of its slot's KV
+// stream, which llama.cpp's flash attention computes a row at a time; over a long prefix
+// that kernel is the step's cost (a 51-token suffix after 1,500 cached tokens: 18 ms a
+// token, against 4.9 for 64 tokens). Decoding a few cached tokens again brings the suffix
+// to the tiled kernel's rows, when the cost model (step_policy.hpp) says that is cheaper.
+// One row more than the kernel's: in a step beside generating slots (one token each)
+// llama.cpp's first pass takes one token of every sequence, and the rest must still be
+// kCpuTiledAttentionRows (64 tokens then went 1 + 63, the row kernel: 8.4 s a step, not 2).
+size_t Scheduler::tiled_suffix_start(size_t n_cached, size_t n_prompt) const {
+    const size_t rows = kCpuTiledAttentionRows + 1;
+    const double weight = policy_.tiled_suffix_cell_weight;
+    if (weight <= 0.0 || n_cached == 0 || n_prompt < rows || n_prompt - n_cached >= rows ||
+        static_cast<size_t>(n_batch_) < rows) {
+        return n_cached;  // a batch of fewer rows never reaches the tiled kernel
+    }
+    // A row's cost in units of its matrix products: 1, plus its attention over the cells before it.
+    const double as_is = static_cast<double>(n_prompt - n_cached) *
+                         (1.0 + kRowKernelCellCost * static_cast<double>(n_cached) * weight);
+    const double widened = static_cast<double>(rows) *
+                           (1.0 + kTiledKernelCellCost * static_cast<double>(n_prompt - rows) * weight);
+    return widened * kTiledSuffixMinGain < as_is ? n_prompt - rows : n_cached;
+}
+
 // Starts `slot`'s prompt from the longest prefix cached in the slot or in host memory, and
 // trims the slot's sequence to it (prefix_cache.hpp). The last prompt token is always
 // decoded (its logits start generation), and so is every position whose logits score a
@@ -335,6 +359,7 @@ void Scheduler::reuse_cached(Slot & slot) {
         n = cache_->restore(ctx_, host.host, seq) ? host.n : 0;
     }
     cache_->release(seq);
+    n = tiled_suffix_start(n, slot.prompt.size());
     llama_memory_seq_rm(mem_, slot.seq, static_cast<llama_pos>(n), -1);
     if (n == 0) {
         return;

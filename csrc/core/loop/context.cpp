@@ -285,6 +285,13 @@ Context::Context(std::shared_ptr<const Model> model, const ContextParams & param
     if (params_.embeddings) {
         policy_.refill_wave = 0;  // a step embeds whole texts: no prompt chunks to gather
     }
+    if (!model_->on_gpu() && !params_.kv_unified) {
+        const llama_model * m = model_->get();
+        const double params = static_cast<double>(llama_model_n_params(m));
+        const double n_head = llama_model_n_head(m);
+        const double head = n_head > 0 ? llama_model_n_embd(m) / n_head : 0.0;
+        policy_.tiled_suffix_cell_weight = params > 0 ? llama_model_n_layer(m) * n_head * head / params : 0.0;
+    }
     // Host sampling of many sequences at once uses the decode threads' cores, idle then.
     pool_ = std::make_unique<TaskPool>(std::max(0, n_threads_ - 1), policy_.pool);
     // Trimming a cached sequence to a prompt's prefix needs a cache indexed by position.

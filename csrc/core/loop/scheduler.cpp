@@ -221,14 +221,20 @@ void Scheduler::share_prefixes() {
         if (!h.copied) {
             continue;
         }
-        const auto n = static_cast<llama_pos>(h.n_fed);
+        // A copy that leaves a short suffix after a long prefix copies less, as a cache hit
+        // does (tiled_suffix_start); nothing, if the slot already holds that much.
+        const size_t n_fed = tiled_suffix_start(h.n_fed, s.prompt.size());
+        if (n_fed <= s.n_fed) {
+            continue;
+        }
+        const auto n = static_cast<llama_pos>(n_fed);
         llama_memory_seq_rm(mem_, s.seq, -1, -1);
         llama_memory_seq_cp(mem_, h.donor, s.seq, -1, -1);
         llama_memory_seq_rm(mem_, s.seq, n, -1);
-        const auto gained = static_cast<int32_t>(h.n_fed - s.n_fed);
+        const auto gained = static_cast<int32_t>(n_fed - s.n_fed);
         s.completion.n_prompt_tokens_shared += gained;
         stats_.n_prompt_tokens_shared += gained;
-        s.n_fed = h.n_fed;
+        s.n_fed = n_fed;
         s.n_past = n;
     }
 }

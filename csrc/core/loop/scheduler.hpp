@@ -145,6 +145,7 @@ private:
     Slot & pick_slot(const std::vector<llama_token> & tokens, bool reuses);
     size_t cached_for(const std::vector<llama_token> & prompt, size_t longest) const;
     void reuse_cached(Slot & slot);
+    size_t tiled_suffix_start(size_t n_cached, size_t n_prompt) const;
     bool drop_idle_holds();
     void pair_for_sharing(Slot & slot);
     void share_prefixes();

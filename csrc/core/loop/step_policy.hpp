@@ -33,6 +33,23 @@ constexpr int64_t kChunkPaddingPerPass = 256;
 constexpr int32_t kStreamingDecodeWaits = 3;
 constexpr int32_t kUnlimitedDecodeWaits = std::numeric_limits<int32_t>::max();
 
+// llama.cpp's CPU flash attention computes a KV stream's query rows with a tiled kernel
+// from this many rows in a forward pass (ggml-cpu's GGML_FA_TILE_Q), one row at a time
+// below. Over a long cached prefix the row kernel costs ~16x the tiled one a cell.
+constexpr size_t kCpuTiledAttentionRows = 64;
+
+// The cost model of widening a short suffix after a cached prefix to kCpuTiledAttentionRows
+// rows (Scheduler::tiled_suffix_start): a prompt row costs its matrix products, in
+// proportion to the model's parameters, plus its attention over the cells before it, per
+// cell in proportion to n_layer x n_head x head size, times kRowKernelCellCost in the row
+// kernel and kTiledKernelCellCost in the tiled one (units of a parameter's cost). Measured
+// on the 2-core x86-64 machine, default model: a 51-token suffix after 1,500 cached tokens
+// 18 ms a token, a 64-token one 4.9, a fresh 512-token chunk about 2.7 (docs/internals.md).
+constexpr double kRowKernelCellCost = 30.0;
+constexpr double kTiledKernelCellCost = 1.8;
+// Fitted at one point, so a suffix is widened only where the model predicts this gain or more.
+constexpr double kTiledSuffixMinGain = 1.5;
+
 // A GPU's refill wave (StepPolicy::refill_wave) is this fraction of its slots: 32 of 256.
 constexpr int32_t kRefillWaveDivisor = 8;
 
@@ -95,6 +112,13 @@ struct StepPolicy {
     // Samples of one prompt (GenerateParams::n > 1) copy the prompt's KV cache from one
     // another whatever share_prefixes says: more than one slot, a cache copyable by position.
     bool share_samples = false;
+    // A prompt that finds a long prefix in the prefix cache and has fewer than
+    // kCpuTiledAttentionRows tokens left reuses less, so that it decodes that many, when the
+    // cost model says the tiled attention kernel saves more than the extra rows cost: the
+    // model's attention work a cell over its parameters (n_layer x n_head x head size /
+    // n_params). 0: never (a GPU, whose kernels choose otherwise; a unified KV, where every
+    // slot's rows are one stream's).
+    double tiled_suffix_cell_weight = 0.0;
 };
 
 // The policy of a context: `output_on_gpu` (Model::output_on_gpu), `kv_unified` (one KV
