@@ -298,11 +298,11 @@ size_t Scheduler::cached_for(const std::vector<llama_token> & prompt, size_t lon
     return cache_->host_beats(host, n) ? host.n : n;
 }
 
-// Where a prompt with `n_cached` tokens in the cache starts decoding. On a CPU a suffix
+// Where a prompt with `n_cached` tokens cached or copied starts decoding. On a CPU a suffix
 // of fewer than kCpuTiledAttentionRows tokens is that many query rows of its slot's KV
 // stream, which llama.cpp's flash attention computes a row at a time; over a long prefix
 // that kernel is the step's cost (a 51-token suffix after 1,500 cached tokens: 18 ms a
-// token, against 4.9 for 64 tokens). Decoding a few cached tokens again brings the suffix
+// token, against 4.9 for 65 tokens). Decoding a few cached tokens again brings the suffix
 // to the tiled kernel's rows, when the cost model (step_policy.hpp) says that is cheaper.
 // One row more than the kernel's: in a step beside generating slots (one token each)
 // llama.cpp's first pass takes one token of every sequence, and the rest must still be

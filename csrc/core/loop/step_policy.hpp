@@ -39,12 +39,12 @@ constexpr int32_t kUnlimitedDecodeWaits = std::numeric_limits<int32_t>::max();
 constexpr size_t kCpuTiledAttentionRows = 64;
 
 // The cost model of widening a short suffix after a cached prefix to kCpuTiledAttentionRows
-// rows (Scheduler::tiled_suffix_start): a prompt row costs its matrix products, in
+// rows and one (Scheduler::tiled_suffix_start): a prompt row costs its matrix products, in
 // proportion to the model's parameters, plus its attention over the cells before it, per
 // cell in proportion to n_layer x n_head x head size, times kRowKernelCellCost in the row
 // kernel and kTiledKernelCellCost in the tiled one (units of a parameter's cost). Measured
 // on the 2-core x86-64 machine, default model: a 51-token suffix after 1,500 cached tokens
-// 18 ms a token, a 64-token one 4.9, a fresh 512-token chunk about 2.7 (docs/internals.md).
+// 18 ms a token, a 65-token one 4.9, a fresh 512-token chunk about 2.7 (docs/internals.md).
 constexpr double kRowKernelCellCost = 30.0;
 constexpr double kTiledKernelCellCost = 1.8;
 // Fitted at one point, so a suffix is widened only where the model predicts this gain or more.
@@ -112,9 +112,10 @@ struct StepPolicy {
     // Samples of one prompt (GenerateParams::n > 1) copy the prompt's KV cache from one
     // another whatever share_prefixes says: more than one slot, a cache copyable by position.
     bool share_samples = false;
-    // A prompt that finds a long prefix in the prefix cache and has fewer than
-    // kCpuTiledAttentionRows tokens left reuses less, so that it decodes that many, when the
-    // cost model says the tiled attention kernel saves more than the extra rows cost: the
+    // A prompt that finds a long prefix in the prefix cache or in a slot of its call and has
+    // at most kCpuTiledAttentionRows tokens left reuses less, so that it decodes one more than
+    // that, when the cost model says the tiled attention kernel saves more than the extra
+    // rows cost (Scheduler::tiled_suffix_start): the
     // model's attention work a cell over its parameters (n_layer x n_head x head size /
     // n_params). 0: never (a GPU, whose kernels choose otherwise; a unified KV, where every
     // slot's rows are one stream's).
