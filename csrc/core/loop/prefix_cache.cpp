@@ -1,5 +1,9 @@
 #include "core/loop/prefix_cache.hpp"
 
+#if defined(__unix__) || defined(__APPLE__)
+#include <unistd.h>
+#endif
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -7,7 +11,10 @@
 #include <filesystem>
 #include <system_error>
 
+#include "core/base/errors.hpp"
+#include "core/base/params.hpp"
 #include "core/loop/prefix_sharing.hpp"
+#include "core/model/model.hpp"
 
 namespace fastpar {
 
@@ -460,6 +467,67 @@ void PrefixCache::remove_files() const {
 PrefixCacheStats PrefixCache::stats() const {
     std::lock_guard<std::mutex> lock(stats_mutex_);
     return stats_;
+}
+
+// Host memory the prefix cache may take (ContextParams::prefix_cache_mib): the budget asked
+// for, or with -1 a quarter of the memory available now (MemAvailable: free memory and what
+// the kernel can reclaim), at most kAutoPrefixCacheMaxMib.
+int64_t prefix_cache_budget(int32_t mib) {
+    constexpr int64_t kMib = 1 << 20;
+    if (mib >= 0) {
+        return static_cast<int64_t>(mib) * kMib;
+    }
+    int64_t available = 0;
+    if (std::FILE * f = std::fopen("/proc/meminfo", "r")) {
+        char line[256];
+        while (std::fgets(line, sizeof line, f) != nullptr) {
+            long long kib = 0;
+            if (std::sscanf(line, "MemAvailable: %lld kB", &kib) == 1) {
+                available = static_cast<int64_t>(kib) * 1024;
+                break;
+            }
+        }
+        std::fclose(f);
+    }
+#if defined(_SC_AVPHYS_PAGES) && defined(_SC_PAGESIZE)
+    if (available <= 0) {
+        available = static_cast<int64_t>(sysconf(_SC_AVPHYS_PAGES)) * static_cast<int64_t>(sysconf(_SC_PAGESIZE));
+    }
+#endif
+    return std::min(std::max<int64_t>(0, available / 4), kAutoPrefixCacheMaxMib * kMib);
+}
+
+// What a prefix-cache file must match to be loaded: fastpar's and llama.cpp's builds and
+// backend, the model file (its size and a hash of its first and last 4 MiB and of 64 KiB
+// at each 64th of it: a fine-tune of the same shape differs there), and the KV types.
+std::string prefix_cache_identity(const Model & model, const ContextParams & params) {
+    std::FILE * f = std::fopen(model.path().c_str(), "rb");
+    if (f == nullptr) {
+        throw Error("prefix_cache_dir: cannot read the model file " + model.path() + " to fingerprint it");
+    }
+    std::fseek(f, 0, SEEK_END);
+    const long long size = std::ftell(f);
+    uint64_t h = 1469598103934665603ull;
+    std::vector<unsigned char> buf(4 << 20);
+    auto hash_at = [&](long long at, size_t n) {
+        at = std::max(0LL, std::min(at, size));
+        std::fseek(f, static_cast<long>(at), SEEK_SET);
+        const size_t got = std::fread(buf.data(), 1, std::min<size_t>(n, buf.size()), f);
+        for (size_t i = 0; i < got; ++i) {
+            h = (h ^ buf[i]) * 1099511628211ull;
+        }
+    };
+    hash_at(0, 4 << 20);
+    for (int i = 1; i < 64; ++i) {
+        hash_at(size / 64 * i, 64 << 10);
+    }
+    hash_at(size - (4 << 20), 4 << 20);
+    std::fclose(f);
+    char hex[17];
+    std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
+    return std::string("fastpar ") + FASTPAR_VERSION + ", llama.cpp " + FASTPAR_LLAMA_COMMIT + ", " +
+           backend_name() + "; model " + std::to_string(size) + " bytes " + hex + "; KV " + params.type_k + "/" +
+           params.type_v;
 }
 
 }  // namespace fastpar

@@ -20,6 +20,17 @@
 
 namespace fastpar {
 
+class Model;
+struct ContextParams;
+
+// Host memory the prefix cache may take (ContextParams::prefix_cache_mib): the budget asked
+// for, or with -1 a quarter of the memory available now, at most kAutoPrefixCacheMaxMib.
+int64_t prefix_cache_budget(int32_t mib);
+
+// What a prefix-cache file must match to be loaded (PrefixCache::keep_in): fastpar's and
+// llama.cpp's builds and backend, the model file and the KV types.
+std::string prefix_cache_identity(const Model & model, const ContextParams & params);
+
 // What the cache holds and did, since the context was made (clear() keeps the counts).
 struct PrefixCacheStats {
     int64_t n_hits = 0;             // prompts that started from a cached prefix
