@@ -72,8 +72,9 @@ def nomic(tmp_path_factory) -> fastpar.Model:
 
 
 @pytest.fixture
-def encoder(request, bert, nomic) -> fastpar.Model:
-    return {"bert": bert, "nomic-bert": nomic}[request.param]
+def embedding_model(request) -> fastpar.Model:
+    """The model a test's parameter names: "decoder" (the default model), "bert", "nomic-bert"."""
+    return request.getfixturevalue({"decoder": "model", "bert": "bert", "nomic-bert": "nomic"}[request.param])
 
 
 @pytest.mark.parametrize("pooling", ["mean", "last"])
@@ -90,30 +91,30 @@ def test_decoder_rows_equal_llama_embedding(model, pooling):
     assert_empty(ctx)
 
 
-@pytest.mark.parametrize("encoder, pooling, own", [("bert", None, "cls"), ("bert", "mean", "cls"),
-                                                  ("nomic-bert", None, "mean"), ("nomic-bert", "cls", "mean")],
-                         indirect=["encoder"])
-def test_encoder_rows_equal_llama_embedding(encoder, pooling, own):
-    ctx = fastpar.Context(encoder, n_parallel=4, embeddings=True, pooling=pooling)
+@pytest.mark.parametrize("embedding_model, pooling, own", [("bert", None, "cls"), ("bert", "mean", "cls"),
+                                                          ("nomic-bert", None, "mean"), ("nomic-bert", "cls", "mean")],
+                         indirect=["embedding_model"])
+def test_encoder_rows_equal_llama_embedding(embedding_model, pooling, own):
+    ctx = fastpar.Context(embedding_model, n_parallel=4, embeddings=True, pooling=pooling)
     assert ctx.pooling == (pooling or own)  # None: the model's own (its GGUF's)
     ours = fastpar.embed(ctx, TEXTS)
-    theirs = llama_embedding(encoder.path, TEXTS, ctx.pooling, ctx.n_threads)
+    theirs = llama_embedding(embedding_model.path, TEXTS, ctx.pooling, ctx.n_threads)
     assert ours.errors == {} and ours.shape == theirs.shape == (len(TEXTS), 64)
     assert cosine(ours, theirs).min() >= COS, cosine(ours, theirs)
     # The bound tells texts apart: different texts' rows are 10x further apart than it allows.
     assert cosine(ours[:1], ours[1:]).max() < 1 - 10 * (1 - COS)
 
 
-@pytest.mark.parametrize("which", ["decoder", "bert", "nomic-bert"])
-def test_a_batch_of_many_equals_each_text_alone(model, bert, nomic, which):
-    m = {"decoder": model, "bert": bert, "nomic-bert": nomic}[which]
+@pytest.mark.parametrize("embedding_model, bound", [("decoder", COS_SHAPES), ("bert", COS), ("nomic-bert", COS)],
+                         indirect=["embedding_model"])
+def test_a_batch_of_many_equals_each_text_alone(embedding_model, bound):
     texts = [f"{p} ({i})" * (1 + i % 4) for i, p in enumerate(MORE_PROMPTS + MORE_PROMPTS)]
-    ctx = fastpar.Context(m, n_parallel=8, embeddings=True)
+    ctx = fastpar.Context(embedding_model, n_parallel=8, embeddings=True)
     many = fastpar.embed(ctx, texts)
     # Several steps, refilled: more texts than slots and than one batch holds at once.
     assert ctx.last_stats.n_decode_calls > 1 and ctx.last_stats.n_prompts == len(texts)
     alone = np.stack([fastpar.embed(ctx, [t])[0] for t in texts])
-    assert cosine(many, alone).min() >= (COS_SHAPES if which == "decoder" else COS)
+    assert cosine(many, alone).min() >= bound
     assert_empty(ctx)
 
 
