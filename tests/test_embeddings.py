@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -116,6 +117,35 @@ def test_a_batch_of_many_equals_each_text_alone(embedding_model, bound):
     alone = np.stack([fastpar.embed(ctx, [t])[0] for t in texts])
     assert cosine(many, alone).min() >= bound
     assert_empty(ctx)
+
+
+ANY_SLOTS = """
+import sys, numpy as np, fastpar
+model = fastpar.Model(sys.argv[1], n_gpu_layers=int(sys.argv[2]))
+texts = sys.argv[4:]
+n_batch = fastpar.Context(model, n_parallel=1, embeddings=True).n_batch  # 2,048, or the model's context
+for n in (1, 3, 5, 6, 7):
+    ctx = fastpar.Context(model, n_parallel=n, embeddings=True)
+    rows = fastpar.embed(ctx, texts)
+    assert rows.errors == {} and rows.shape[0] == len(texts) and ctx.n_batch == n_batch, (n, rows.errors, ctx.n_batch)
+    np.save(f"{sys.argv[3]}/{n}.npy", np.asarray(rows))
+"""
+
+
+@pytest.mark.parametrize("embedding_model", ["decoder", "bert"], indirect=True)
+def test_any_number_of_slots_makes_an_embeddings_context(embedding_model, tmp_path):
+    # llama.cpp reserves a step's graph for n_batch tokens rounded up to a multiple of the
+    # sequences but its pooled rows for n_batch, and aborted the process on the mismatch
+    # (n_parallel 3, 5, 6 or 7 against an n_batch of 2,048 or 512). In a subprocess, so
+    # that a regression fails this test alone.
+    proc = subprocess.run([sys.executable, "-c", ANY_SLOTS, embedding_model.path, str(N_GPU_LAYERS), str(tmp_path),
+                           *TEXTS], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = {n: np.load(tmp_path / f"{n}.npy") for n in (1, 3, 5, 6, 7)}
+    # One text a step (n_parallel=1) against all in one: batch shapes apart.
+    bound = COS_SHAPES if embedding_model.path == fastpar.default_model_path() else COS
+    for n in (3, 5, 6, 7):
+        assert cosine(rows[n], rows[1]).min() >= bound, n
 
 
 def test_a_bad_text_fails_alone(model):

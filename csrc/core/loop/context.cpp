@@ -177,11 +177,17 @@ Context::Context(std::shared_ptr<const Model> model, const ContextParams & param
         // A step's texts are all its KV holds, each removed when its vector is read: one
         // batch of cells is all the cache needs, whatever n_parallel x n_ctx_per_seq is.
         check_host_memory(*model_, params_, params_.n_batch);
-        cp.n_ctx = static_cast<uint32_t>(params_.n_batch);
-        cp.n_ubatch = cp.n_batch;
         cp.kv_unified = true;
         params_.kv_unified = true;
         cp.embeddings = true;
+        // llama.cpp reserves its graph for n_ubatch tokens of n_seq_max sequences, rounding
+        // the tokens up to a multiple of the sequences but not the pooled rows it outputs,
+        // and aborts on the mismatch (n_parallel=5, n_batch=512): a step's buffers hold the
+        // next multiple. Texts and steps stay within n_batch (steps_n_batch).
+        const uint32_t n_seq = cp.n_seq_max;
+        cp.n_batch = (cp.n_batch + n_seq - 1) / n_seq * n_seq;
+        cp.n_ctx = cp.n_batch;
+        cp.n_ubatch = cp.n_batch;
         // Flash attention stays llama.cpp's auto (on): without it a batch of texts costs 3.3x
         // (each token attends to the whole batch, masked), though its CPU kernel, chosen by
         // the rows a batch holds, rounds a decoder's vector apart by batch shape (docs/api.md).
