@@ -18,9 +18,10 @@ TOL = 1e-4
 # A pair scored in other batch shapes (alone, or beside other pairs): llama.cpp's flash
 # attention sums a batch's keys in chunks by its length, so the vector rounds apart (an
 # encoder's cosine 1 - 1e-7, test_embeddings.py) and the head carries that to the score.
-# Measured: at most 3.3e-4 on scores of about -3 on the CPU, 3.4e-3 on an H200 (its kernels
-# round more apart between shapes: bench/results/gpu-h200-tests.txt).
-SHAPES_TOL = 5e-3 if ON_GPU else 1e-3
+# Measured: at most 3.3e-4 on scores of about -3 on the CPU; 3.4e-3 on an H200 and 6.3e-3 on
+# scores of about -1 on an H100 (its kernels round more apart between shapes, and by machine:
+# an earlier H100 run stayed within 5e-3; bench/results/gpu-h200-tests.txt, runs 16 and 17).
+SHAPES_TOL = 1e-2 if ON_GPU else 1e-3
 
 QUERY = "What do pandas eat?"
 DOCS = ["The giant panda's diet is almost entirely bamboo.",
