@@ -125,7 +125,7 @@ model = fastpar.Model(sys.argv[1], n_gpu_layers=int(sys.argv[2]))
 texts = sys.argv[4:]
 n_batch = fastpar.Context(model, n_parallel=1, embeddings=True).n_batch  # 2,048, or the model's context
 for n in (1, 3, 5, 6, 7):
-    ctx = fastpar.Context(model, n_parallel=n, embeddings=True)
+    ctx = fastpar.Context(model, n_parallel=n, embeddings=True, pooling="mean")  # the pooling that aborted
     rows = fastpar.embed(ctx, texts)
     assert rows.errors == {} and rows.shape[0] == len(texts) and ctx.n_batch == n_batch, (n, rows.errors, ctx.n_batch)
     np.save(f"{sys.argv[3]}/{n}.npy", np.asarray(rows))
