@@ -90,8 +90,10 @@ def test_wrong_contexts_and_arguments(model, reranker):
                                ([QUERY, None], DOCS, r"query\[1\] must be a str"), (3, DOCS, "query must be")):
         with pytest.raises(TypeError, match=match):
             fastpar.rerank(ctx, query, docs)
-    # A generation model's context made to rank: llama.cpp's rank pooling over its last token.
-    assert fastpar.Context(model, n_parallel=1, embeddings=True, pooling="rank").pooling == "rank"
+    # A model without a classification head cannot rank: llama.cpp would return a hidden
+    # state's first value as every score.
+    with pytest.raises(ValueError, match="no classification head"):
+        fastpar.Context(model, n_parallel=1, embeddings=True, pooling="rank")
 
 
 def test_v1_rerank_in_llama_servers_jinas_and_teis_shapes(reranker):

@@ -12,6 +12,8 @@
 #include <string>
 #include <thread>
 
+#include "gguf.h"
+
 #include "core/threads/cpus.hpp"
 #include "core/base/errors.hpp"
 #include "core/base/log.hpp"
@@ -107,6 +109,22 @@ enum llama_pooling_type embedding_pooling(const Model & model, const std::string
     return LLAMA_POOLING_TYPE_MEAN;
 }
 
+// Whether a GGUF holds a classification head (llama.cpp's "cls" or "cls.output" tensors), which
+// rank pooling scores with. Without one llama.cpp's rank graph returns a hidden state's first
+// values as the score, silently; a file whose header cannot be read has loaded, so it is
+// given the benefit of the doubt.
+bool has_classification_head(const std::string & path) {
+    gguf_init_params gp{};
+    gp.no_alloc = true;
+    gguf_context * g = gguf_init_from_file(path.c_str(), gp);
+    if (g == nullptr) {
+        return true;
+    }
+    const bool has = gguf_find_tensor(g, "cls.weight") >= 0 || gguf_find_tensor(g, "cls.output.weight") >= 0;
+    gguf_free(g);
+    return has;
+}
+
 // The name of kPoolings for one of kPoolingTypes.
 const char * pooling_name(enum llama_pooling_type type) {
     for (size_t i = 0; i < std::size(kPoolingTypes); ++i) {
@@ -193,6 +211,10 @@ Context::Context(std::shared_ptr<const Model> model, const ContextParams & param
         // the rows a batch holds, rounds a decoder's vector apart by batch shape (docs/api.md).
         cp.pooling_type = embedding_pooling(*model_, params_.pooling);
         pooling_ = pooling_name(cp.pooling_type);
+        if (cp.pooling_type == LLAMA_POOLING_TYPE_RANK && !has_classification_head(model_->path())) {
+            throw InvalidArgument("pooling \"rank\" needs a reranker, and " + model_->path() +
+                                  " has no classification head (no cls or cls.output tensor) to score with");
+        }
     }
     // flash_attn_type stays llama.cpp's auto, which it turns on for a quantized V cache.
     cp.type_k = kv_cache_type(params_.type_k);
