@@ -12,13 +12,12 @@
 #include <string>
 #include <thread>
 
-#include "gguf.h"
-
 #include "core/threads/cpus.hpp"
 #include "core/base/errors.hpp"
 #include "core/base/log.hpp"
 #include "core/sampling/sampling.hpp"
 #include "core/loop/requests.hpp"
+#include "core/model/gguf_check.hpp"
 #include "core/loop/scheduler.hpp"
 
 namespace fastpar {
@@ -107,22 +106,6 @@ enum llama_pooling_type embedding_pooling(const Model & model, const std::string
         }
     }
     return LLAMA_POOLING_TYPE_MEAN;
-}
-
-// Whether a GGUF holds a classification head (llama.cpp's "cls" or "cls.output" tensors), which
-// rank pooling scores with. Without one llama.cpp's rank graph returns a hidden state's first
-// values as the score, silently; a file whose header cannot be read has loaded, so it is
-// given the benefit of the doubt.
-bool has_classification_head(const std::string & path) {
-    gguf_init_params gp{};
-    gp.no_alloc = true;
-    gguf_context * g = gguf_init_from_file(path.c_str(), gp);
-    if (g == nullptr) {
-        return true;
-    }
-    const bool has = gguf_find_tensor(g, "cls.weight") >= 0 || gguf_find_tensor(g, "cls.output.weight") >= 0;
-    gguf_free(g);
-    return has;
 }
 
 // The name of kPoolings for one of kPoolingTypes.

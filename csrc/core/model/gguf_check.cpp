@@ -353,4 +353,14 @@ void check_gguf(const std::string & path) {
     check.vocabulary();
 }
 
+bool has_classification_head(const std::string & path) {
+    gguf_init_params gp{};
+    gp.no_alloc = true;
+    std::unique_ptr<gguf_context, GgufFree> g(gguf_init_from_file(path.c_str(), gp));
+    if (!g) {
+        return true;  // the file has loaded, so its header is given the benefit of the doubt
+    }
+    return gguf_find_tensor(g.get(), "cls.weight") >= 0 || gguf_find_tensor(g.get(), "cls.output.weight") >= 0;
+}
+
 }  // namespace fastpar

@@ -24,4 +24,10 @@ namespace fastpar {
 //    checking the range: undefined behaviour).
 void check_gguf(const std::string & path);
 
+// Whether the model at `path` holds a classification head (llama.cpp's "cls" or "cls.output"
+// tensor), which rank pooling scores with. Without one llama.cpp's rank graph returns a hidden
+// state's first value as every score, silently. Read at a rank context's creation only: a
+// header read costs ~14 ms on the default model.
+bool has_classification_head(const std::string & path);
+
 }  // namespace fastpar
