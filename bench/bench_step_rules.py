@@ -14,7 +14,9 @@ same tokens.
 --workload words: prompts of about 35 tokens (30 random words, the same on every machine),
 each generating a random 34-96 tokens (mean 65), `n_ctx_per_seq` 160, no constrained call:
 the load on which refills in waves were measured (`--loads waves` runs it with the refills
-at once and in waves of 16 and 64 beside the context's rules).
+at once and in waves of 16 and 64 beside the context's rules); `--loads "longest first"` runs
+it with the prompts passed longest output first (the order a batch call could admit them in
+when max_tokens predicts the lengths).
 
 --loads Engine adds the same loads through an Engine (every prompt submitted at once, as
 `bench/run.py`'s stage 9; the Engine's own rules, refills at once, and waves held without
@@ -117,6 +119,9 @@ def main() -> int:
         ctx._ctx.generate(texts[:args.slots], [params(32)], None)  # warm-up
     mean = round(sum(lengths) / len(lengths))
     each = [params(n) for n in lengths]
+    # "longest first" loads pass the prompts in order of their lengths, longest first (stable):
+    # the admission order a batch call could choose when max_tokens predicts the lengths.
+    longest = sorted(range(len(lengths)), key=lambda i: -lengths[i])
 
     def policy(kv_unified=False, **changes):
         p = _testing.resolve_step_policy(output_on_gpu=True, kv_unified=kv_unified, memory_copies_by_position=True,
@@ -132,6 +137,8 @@ def main() -> int:
         ("own lengths, no padding", False, each, policy(max_padded_gap=0)),
         ("own lengths, slots not kept together", False, each, policy(compact_slots=False)),
         ("own lengths, refills at once (no waves)", False, each, policy(refill_wave=0)),
+        ("own lengths, longest first", False, each, policy()),
+        ("own lengths, longest first, refills at once", False, each, policy(refill_wave=0)),
         ("own lengths, waves of 16", False, each, policy(refill_wave=16)),
         ("own lengths, waves of 64", False, each, policy(refill_wave=64)),
         ("own lengths, every gap padded", False, each, policy(max_padded_gap=1 << 30)),
@@ -180,14 +187,20 @@ def main() -> int:
     reference = None  # the own lengths' outputs under the context's rules
     for rep in range(args.reps):
         for name, where, p, pol in loads:
+            order = longest if "longest first" in name else range(len(texts))
             t0 = time.perf_counter()
             if isinstance(where, str):
                 out, stats = run_on_engine(engines[where], texts, p)
             else:
                 c = unified if where else ctx
-                out = _testing.generate_with_policy(c._ctx, texts, p, pol)
+                out = _testing.generate_with_policy(c._ctx, [texts[i] for i in order],
+                                                    [p[i] for i in order] if len(p) > 1 else p, pol)
                 stats = c.last_stats
             walls[name].append(round(time.perf_counter() - t0, 3))
+            back = [None] * len(out)  # the outputs in the prompts' order
+            for j, i in enumerate(order):
+                back[i] = out[j]
+            out = back
             tokens = [list(o.token_ids) for o in out] if p is each else None
             if name == "own lengths" and reference is None:
                 reference = tokens
@@ -208,7 +221,8 @@ def main() -> int:
                "padding_tokens": s.n_padding_tokens, "gen_tokens": s.n_gen_tokens,
                "same_outputs": sum(a == b for a, b in zip(reference, tokens)) if tokens and reference else None}
         if p is each and where is False:  # the tail's share: see fifo_calls
-            row["fifo_calls"] = fifo_calls(lengths, args.slots, pol.refill_wave, first_wave_calls)
+            ordered = [lengths[i] for i in longest] if "longest first" in name else lengths
+            row["fifo_calls"] = fifo_calls(ordered, args.slots, pol.refill_wave, first_wave_calls)
         if isinstance(where, str):
             same = in_a_call.get(name, "own lengths")
             if same in walls:
