@@ -14,9 +14,9 @@ same tokens.
 --workload words: prompts of about 35 tokens (30 random words, the same on every machine),
 each generating a random 34-96 tokens (mean 65), `n_ctx_per_seq` 160, no constrained call:
 the load on which refills in waves were measured (`--loads waves` runs it with the refills
-at once and in waves of 16 and 64 beside the context's rules); `--loads "longest first"` runs
-it with the prompts passed longest output first (the order a batch call could admit them in
-when max_tokens predicts the lengths).
+at once and in waves of 16 and 64 beside the context's rules); `--loads "given order"` runs
+it with the prompts admitted in the order given instead of largest max_tokens first
+(StepPolicy::longest_first).
 
 --loads Engine adds the same loads through an Engine (every prompt submitted at once, as
 `bench/run.py`'s stage 9; the Engine's own rules, refills at once, and waves held without
@@ -60,11 +60,11 @@ def params(n_tokens: int, ignore_eos: bool = True):
 
 
 def fifo_calls(lengths: list, slots: int, wave: int, first_wave_calls: int) -> int:
-    """Decode calls that first-come-first-served refills need for these output lengths, whatever
-    a step costs: the first `slots` prompts take `first_wave_calls` calls; then each call gives
-    every running sequence a token, and a prompt taking a freed slot (once `wave` are free or
-    as many as wait; 0: at once) rides one call with its chunk and yields its first token with
-    the next. With every step as cheap as a lockstep step, the lockstep load's calls over
+    """Decode calls that refills in the order of `lengths` (as admitted) need for these output
+    lengths, whatever a step costs: the first `slots` prompts take `first_wave_calls` calls;
+    then each call gives every running sequence a token, and a prompt taking a freed slot
+    (once `wave` are free or as many as wait; 0: at once) rides one call with its chunk and
+    yields its first token with the next. With every step as cheap as a lockstep step, the lockstep load's calls over
     these are the most an own-lengths load can make of it: the last prompts admitted end one
     by one (the tail)."""
     queue, running, calls = list(lengths[slots:]), list(lengths[:slots]), first_wave_calls
@@ -119,9 +119,6 @@ def main() -> int:
         ctx._ctx.generate(texts[:args.slots], [params(32)], None)  # warm-up
     mean = round(sum(lengths) / len(lengths))
     each = [params(n) for n in lengths]
-    # "longest first" loads pass the prompts in order of their lengths, longest first (stable):
-    # the admission order a batch call could choose when max_tokens predicts the lengths.
-    longest = sorted(range(len(lengths)), key=lambda i: -lengths[i])
 
     def policy(kv_unified=False, **changes):
         p = _testing.resolve_step_policy(output_on_gpu=True, kv_unified=kv_unified, memory_copies_by_position=True,
@@ -137,8 +134,8 @@ def main() -> int:
         ("own lengths, no padding", False, each, policy(max_padded_gap=0)),
         ("own lengths, slots not kept together", False, each, policy(compact_slots=False)),
         ("own lengths, refills at once (no waves)", False, each, policy(refill_wave=0)),
-        ("own lengths, longest first", False, each, policy()),
-        ("own lengths, longest first, refills at once", False, each, policy(refill_wave=0)),
+        ("own lengths, in the given order", False, each, policy(longest_first=False)),
+        ("own lengths, in the given order, refills at once", False, each, policy(longest_first=False, refill_wave=0)),
         ("own lengths, waves of 16", False, each, policy(refill_wave=16)),
         ("own lengths, waves of 64", False, each, policy(refill_wave=64)),
         ("own lengths, every gap padded", False, each, policy(max_padded_gap=1 << 30)),
@@ -187,20 +184,14 @@ def main() -> int:
     reference = None  # the own lengths' outputs under the context's rules
     for rep in range(args.reps):
         for name, where, p, pol in loads:
-            order = longest if "longest first" in name else range(len(texts))
             t0 = time.perf_counter()
             if isinstance(where, str):
                 out, stats = run_on_engine(engines[where], texts, p)
             else:
                 c = unified if where else ctx
-                out = _testing.generate_with_policy(c._ctx, [texts[i] for i in order],
-                                                    [p[i] for i in order] if len(p) > 1 else p, pol)
+                out = _testing.generate_with_policy(c._ctx, texts, p, pol)
                 stats = c.last_stats
             walls[name].append(round(time.perf_counter() - t0, 3))
-            back = [None] * len(out)  # the outputs in the prompts' order
-            for j, i in enumerate(order):
-                back[i] = out[j]
-            out = back
             tokens = [list(o.token_ids) for o in out] if p is each else None
             if name == "own lengths" and reference is None:
                 reference = tokens
@@ -221,7 +212,7 @@ def main() -> int:
                "padding_tokens": s.n_padding_tokens, "gen_tokens": s.n_gen_tokens,
                "same_outputs": sum(a == b for a, b in zip(reference, tokens)) if tokens and reference else None}
         if p is each and where is False:  # the tail's share: see fifo_calls
-            ordered = [lengths[i] for i in longest] if "longest first" in name else lengths
+            ordered = sorted(lengths, reverse=True) if pol.longest_first else lengths
             row["fifo_calls"] = fifo_calls(ordered, args.slots, pol.refill_wave, first_wave_calls)
         if isinstance(where, str):
             same = in_a_call.get(name, "own lengths")

@@ -43,6 +43,44 @@ def test_order_and_refill_more_prompts_than_slots(model, solo):
     assert_clean(ctx)
 
 
+def test_a_call_admits_the_largest_max_tokens_first(model):
+    """A call admits its prompts in order of max_tokens, largest first (StepPolicy::longest_first,
+    stable; results in input order), so the longest outputs start at once instead of ending
+    alone after the rest (internals.md, "A step"). Two slots, two prompts of 40 tokens around
+    20 of 1 token: in the given order one slot runs the first 40 while the other takes the
+    short ones one by one, then the last 40 runs alone; largest first, the two 40s run
+    together, then the short ones in pairs: fewer calls, under a CPU's rules and a GPU's.
+    Every output is the one it has with a slot each, and a plain call takes the rule."""
+    from fastpar import _testing
+
+    budgets = [40] + [1] * 20 + [40]
+    prompts = [f"{MORE_PROMPTS[i % len(MORE_PROMPTS)]} ({i})" for i in range(len(budgets))]
+    params = greedy_params(budgets)
+    for p in params:
+        p.ignore_eos = True
+    each = [fastpar.SamplingParams(max_tokens=m, ignore_eos=True, **GREEDY) for m in budgets]
+    want = fastpar.generate_parallel(fastpar.Context(model, n_parallel=len(budgets), n_ctx_per_seq=256), prompts, each)
+    ctx = fastpar.Context(model, n_parallel=2, n_ctx_per_seq=256)
+    calls = {}
+    for gpu_rules in (False, True):
+        for longest in (True, False):
+            policy = _testing.resolve_step_policy(output_on_gpu=gpu_rules, kv_unified=False,
+                                                  memory_copies_by_position=True, share_prefixes=True, n_parallel=2,
+                                                  n_threads=ctx.n_threads)
+            assert policy.longest_first  # the rule's default
+            policy.longest_first = longest
+            results = _testing.generate_with_policy(ctx._ctx, prompts, params, policy)
+            assert [c.n_gen_tokens for c in results] == budgets
+            for i, (c, w) in enumerate(zip(results, want)):
+                assert_same_greedy(c, w, f"prompt {i}, gpu_rules={gpu_rules}, longest_first={longest}")
+            assert_clean(ctx)
+            calls[gpu_rules, longest] = ctx.last_stats.n_decode_calls
+    for gpu_rules in (False, True):
+        assert calls[gpu_rules, True] + 8 <= calls[gpu_rules, False], calls
+    fastpar.generate_parallel(ctx, prompts, each)
+    assert ctx.last_stats.n_decode_calls == calls[ON_GPU, True], (ctx.last_stats.n_decode_calls, calls)
+
+
 def test_finished_slots_between_running_ones(model, solo):
     """Slots that finish early leave idle slots between running ones. llama.cpp runs only
     consecutive sequences in one forward pass, so on a GPU such steps are padded with a
@@ -94,6 +132,7 @@ def test_running_sequences_move_into_freed_slots(model, solo, device_sampling):
         assert policy.compact_slots and policy.max_padded_gap > 0
         policy.compact_slots = compact
         policy.equal_chunks = False  # the prompts differ in length: only gaps are counted here
+        policy.longest_first = False  # slot i takes prompt i: the gaps are where the budgets put them
         results = _testing.generate_with_policy(c._ctx, prompts, params, policy)
         for r, prompt, m in zip(results, prompts, budgets):
             assert r.finish_reason == "length", r.error  # each runs to its budget: the gaps are as planned
@@ -141,6 +180,7 @@ def test_refills_in_waves(model, solo):
         assert policy.refill_wave == 1  # an eighth of 4 slots
         assert policy.max_wave_hold == _testing.UNLIMITED_WAVE_HOLD  # a batch call waits for whole waves
         policy.refill_wave = wave
+        policy.longest_first = False  # the waves are the prompts in the given order
         if hold is not None:
             policy.max_wave_hold = hold
         results = _testing.generate_with_policy(ctx._ctx, prompts, params, policy)

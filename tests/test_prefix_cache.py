@@ -488,6 +488,7 @@ def test_where_a_step_costs_its_span_a_new_prompt_keeps_the_running_slots_togeth
     gpu = _testing.resolve_step_policy(output_on_gpu=True, **rules)
     cpu = _testing.resolve_step_policy(output_on_gpu=False, **rules)
     assert gpu.compact_slots and not cpu.compact_slots
+    gpu.longest_first = cpu.longest_first = False  # slot i takes prompt i: the budgets say which end first
 
     def run(prompts, max_tokens, policy):
         _generate_with_policy(ctx, prompts, max_tokens, policy)
@@ -533,6 +534,7 @@ def test_keeping_slots_together_never_copies_a_cached_conversation_to_host_memor
     def run(ctx, prompts, max_tokens, compact):
         policy = _testing.resolve_step_policy(output_on_gpu=True, n_threads=ctx.n_threads, **rules)
         policy.compact_slots = compact
+        policy.longest_first = False  # slot i takes prompt i: the lengths say which ends first
         return _generate_with_policy(ctx, prompts, max_tokens, policy)
 
     # Slot 1 ends first while slots 0, 2 and 3 still run: slot 3's sequence could move to 1.

@@ -50,6 +50,7 @@ void register_step_plan(py::module_ & m) {
         .def_readwrite("split_rows", &StepPolicy::split_rows)
         .def_readwrite("mask_workers", &StepPolicy::mask_workers)
         .def_readwrite("share_prefixes", &StepPolicy::share_prefixes)
+        .def_readwrite("longest_first", &StepPolicy::longest_first)
         .def_property_readonly("pool_anticipate_us", [](const StepPolicy & p) { return p.pool.anticipate_us; })
         .def_property_readonly("pool_caller_spin_us", [](const StepPolicy & p) { return p.pool.caller_spin_us; });
     m.def("resolve_step_policy", &resolve_step_policy, py::arg("output_on_gpu"), py::arg("kv_unified"),

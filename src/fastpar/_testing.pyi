@@ -13,6 +13,7 @@ class StepPolicy:
     compact_slots: bool
     equal_chunks: bool
     last_prompt_token_alone: bool
+    longest_first: bool
     prompts_first: bool
     share_prefixes: bool
     split_rows: bool

@@ -416,6 +416,18 @@ std::vector<Completion> Context::generate(const std::vector<Prompt> & prompts,
         n_results += static_cast<size_t>(params[entry(i)].n);
     }
     std::vector<Completion> results(n_results);
+    // Prompts go in in order of max_tokens, largest first (StepPolicy::longest_first); results
+    // stay in input order.
+    std::vector<size_t> first_result(prompts.size());  // each prompt's first index into results
+    std::vector<size_t> order(prompts.size());
+    for (size_t i = 0, k = 0; i < prompts.size(); k += static_cast<size_t>(params[entry(i)].n), ++i) {
+        first_result[i] = k;
+        order[i] = i;
+    }
+    if (params.size() > 1 && policy_.longest_first) {
+        std::stable_sort(order.begin(), order.end(),
+                         [&](size_t a, size_t b) { return params[a].max_tokens > params[b].max_tokens; });
+    }
 
     auto finish_stats = [&] {
         stats.t_wall_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
@@ -427,8 +439,8 @@ std::vector<Completion> Context::generate(const std::vector<Prompt> & prompts,
     };
     try {
         with_scheduler(stats, policy_, [&](Scheduler & scheduler) {
-            size_t k = 0;  // index into results
-            for (size_t i = 0; i < prompts.size(); ++i) {
+            for (const size_t i : order) {
+                size_t k = first_result[i];  // index into results
                 const bool own = !rendered.prompts.empty();
                 for (Request & request : fan_out(own ? std::move(rendered.prompts[i]) : prompts[i],
                                                  own ? rendered.params[i] : admitted[entry(i)],

@@ -120,6 +120,12 @@ struct StepPolicy {
     // n_params). 0: never (a GPU, whose kernels choose otherwise; a unified KV, where every
     // slot's rows are one stream's).
     double tiled_suffix_cell_weight = 0.0;
+    // A call (Context::generate) admits its prompts in order of max_tokens, largest first
+    // (stable): with more prompts than slots, the last prompts admitted otherwise end one by
+    // one in steps that cost nearly a full one (a GPU's; a CPU's on a model too large for its
+    // caches), where admitted first they run beside the rest (docs/internals.md, "A step").
+    // The Engine serves requests in the order they come.
+    bool longest_first = true;
 };
 
 // The policy of a context: `output_on_gpu` (Model::output_on_gpu), `kv_unified` (one KV
