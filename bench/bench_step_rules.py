@@ -64,9 +64,9 @@ def fifo_calls(lengths: list, slots: int, wave: int, first_wave_calls: int) -> i
     lengths, whatever a step costs: the first `slots` prompts take `first_wave_calls` calls;
     then each call gives every running sequence a token, and a prompt taking a freed slot
     (once `wave` are free or as many as wait; 0: at once) rides one call with its chunk and
-    yields its first token with the next. With every step as cheap as a lockstep step, the lockstep load's calls over
-    these are the most an own-lengths load can make of it: the last prompts admitted end one
-    by one (the tail)."""
+    yields its first token with the next. With every step as cheap as a lockstep step, the
+    lockstep load's calls over these are the most an own-lengths load can make of it: the last
+    prompts admitted end one by one (the tail)."""
     queue, running, calls = list(lengths[slots:]), list(lengths[:slots]), first_wave_calls
     while running or queue:
         free = slots - len(running)

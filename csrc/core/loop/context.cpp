@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstdio>
 #include <iterator>
+#include <numeric>
 #include <string>
 #include <thread>
 
@@ -411,19 +412,17 @@ std::vector<Completion> Context::generate(const std::vector<Prompt> & prompts,
     const auto t0 = Clock::now();
     Stats stats;
     stats.n_prompts = static_cast<int64_t>(prompts.size());
+    std::vector<size_t> first_result(prompts.size());  // each prompt's first index into results
     size_t n_results = 0;
     for (size_t i = 0; i < prompts.size(); ++i) {
+        first_result[i] = n_results;
         n_results += static_cast<size_t>(params[entry(i)].n);
     }
     std::vector<Completion> results(n_results);
     // Prompts go in in order of max_tokens, largest first (StepPolicy::longest_first); results
     // stay in input order.
-    std::vector<size_t> first_result(prompts.size());  // each prompt's first index into results
     std::vector<size_t> order(prompts.size());
-    for (size_t i = 0, k = 0; i < prompts.size(); k += static_cast<size_t>(params[entry(i)].n), ++i) {
-        first_result[i] = k;
-        order[i] = i;
-    }
+    std::iota(order.begin(), order.end(), size_t{0});
     if (params.size() > 1 && policy_.longest_first) {
         std::stable_sort(order.begin(), order.end(),
                          [&](size_t a, size_t b) { return params[a].max_tokens > params[b].max_tokens; });
